@@ -32,6 +32,7 @@ from typing import Protocol
 
 __all__ = [
     "FAILURE_CATEGORIES",
+    "RESULT_FILE_NAME",
     "Invocation",
     "RunReport",
     "Runner",
