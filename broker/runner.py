@@ -36,7 +36,9 @@ __all__ = [
     "Invocation",
     "RunReport",
     "Runner",
+    "RunnerSettings",
     "RunnerUnavailable",
+    "parse_memory_limit",
 ]
 
 #: Failure categories a runner may report; they go to the protected audit log
@@ -99,6 +101,56 @@ class RunReport:
     def __post_init__(self) -> None:
         if self.failure is not None and self.failure not in FAILURE_CATEGORIES:
             raise ValueError(f"unknown runner failure category {self.failure!r}")
+
+
+#: Label keys every query container carries, so stragglers can be found and
+#: removed by run (reconcile) and by invocation (per-invocation cleanup).
+LABEL_RUN = "bounded-query.run"
+LABEL_INVOCATION = "bounded-query.invocation"
+
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+#: Smallest memory limit Docker accepts for a container (6 MiB).
+MIN_MEMORY_BYTES = 6 * 1024**2
+#: Largest memory limit we accept for a query (64 GiB): a sanity cap, not a
+#: security bound; the machine class has 24 GiB.
+MAX_MEMORY_BYTES = 64 * 1024**3
+
+
+def parse_memory_limit(text: str) -> int:
+    """Parse a Docker-style memory limit (``"512m"``, ``"1g"``) into bytes (spec 14.2).
+
+    Accepts a plain decimal integer with an optional unit ``b``, ``k``, ``m``
+    or ``g`` (case-insensitive). Raises ValueError (configuration fault) for
+    anything else or for a value outside [6 MiB, 64 GiB].
+    """
+    body = text.strip().lower() if isinstance(text, str) else ""
+    if body != (text.lower() if isinstance(text, str) else None) or not body:
+        raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
+    unit = body[-1] if body[-1] in "bkmg" else ""
+    digits = body[: len(body) - len(unit)]
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 15:
+        raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
+    value = int(digits) * _MEMORY_UNITS[unit]
+    if not MIN_MEMORY_BYTES <= value <= MAX_MEMORY_BYTES:
+        raise ValueError(f"memoryLimit {text!r}: must be between 6m and 64g")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """Trusted runner configuration, derived only from the broker's config file.
+
+    ``host_path_map`` translates broker-visible path prefixes to host paths for
+    bind-mount sources when the broker itself runs in a container (compose).
+    """
+
+    runtime: str  # "docker" | "gvisor" | "sbx"
+    run_id: str
+    image: str
+    timeout_s: int
+    memory_bytes: int
+    docker_host: str = "unix:///var/run/docker.sock"
+    host_path_map: tuple[tuple[str, str], ...] = ()
 
 
 class Runner(Protocol):
