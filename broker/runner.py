@@ -123,12 +123,13 @@ def parse_memory_limit(text: str) -> int:
     or ``g`` (case-insensitive). Raises ValueError (configuration fault) for
     anything else or for a value outside [6 MiB, 64 GiB].
     """
-    body = text.strip().lower() if isinstance(text, str) else ""
-    if body != (text.lower() if isinstance(text, str) else None) or not body:
+    if not isinstance(text, str) or not text:
         raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
+    body = text.lower()
     unit = body[-1] if body[-1] in "bkmg" else ""
     digits = body[: len(body) - len(unit)]
-    if not digits.isascii() or not digits.isdigit() or len(digits) > 15:
+    # isdigit() alone accepts non-ASCII digits; the length check keeps int() cheap.
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 15):
         raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
     value = int(digits) * _MEMORY_UNITS[unit]
     if not MIN_MEMORY_BYTES <= value <= MAX_MEMORY_BYTES:
