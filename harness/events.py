@@ -1,0 +1,79 @@
+"""JSONL events on stderr and the GitHub step summary (seed 000 sections 5.4, 8.5).
+
+Theory of operation: every harness phase reports through one
+:class:`EventSink`, which writes one JSON object per line to stderr with the
+event name and an ISO-8601 UTC timestamp. Events carry only safe metadata:
+repository slugs, sensitivities, commits, counts, durations, exit codes and
+operator-facing messages. They never carry tokens, scripts, query outputs or
+private-root paths.
+
+Observability is passive (seed 000 section 11.4 item 2): a failing sink
+(closed stderr, unwritable summary file) never changes an outcome; it is
+remembered as a degraded condition and shown in the step summary when that
+can still be written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["EventSink", "append_step_summary"]
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class EventSink:
+    """Writes JSONL events; remembers degraded conditions for the summary."""
+
+    def __init__(
+        self, stream: IO[str] | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._clock = clock
+        self.degraded: list[str] = []
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one event line; never raises on a broken stream."""
+        record: dict[str, Any] = {"event": event, "ts": _iso(self._clock()), **fields}
+        self.events.append(record)
+        try:
+            self._stream.write(json.dumps(record, sort_keys=False, default=str) + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):
+            note = "event stream (stderr) failed; some JSONL events are missing"
+            if note not in self.degraded:
+                self.degraded.append(note)
+
+    def degrade(self, subsystem: str, detail: str) -> None:
+        """Record a degraded mode (shown in the step summary) and emit it."""
+        note = f"{subsystem}: {detail}"
+        if note not in self.degraded:
+            self.degraded.append(note)
+        self.emit("degraded", subsystem=subsystem, detail=detail)
+
+
+def append_step_summary(path: str | None, markdown: str, sink: EventSink) -> bool:
+    """Append ``markdown`` to ``$GITHUB_STEP_SUMMARY`` (``path``) when set.
+
+    Returns True when written; a failure is reported as a degraded event only.
+    """
+    if not path:
+        return False
+    try:
+        with Path(path).open("a", encoding="utf-8") as handle:
+            handle.write(markdown)
+            if not markdown.endswith("\n"):
+                handle.write("\n")
+    except OSError as exc:
+        sink.degrade("step summary", f"cannot write $GITHUB_STEP_SUMMARY ({exc.strerror})")
+        return False
+    return True
