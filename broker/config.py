@@ -1,0 +1,329 @@
+"""The broker's trusted configuration and seed map (spec 14.2, 14.6, 14.7).
+
+Theory of operation: everything the broker needs to decide *whether* and *how*
+an invocation runs comes from two files the trusted harness writes into the
+broker-private root before the broker starts: the broker config (paths,
+limits, runtime, run id) and the seed map (repository -> opaque seed id and
+trusted sensitivity). Nothing here is ever derived from a request.
+
+Parsing is split as the house style asks: :func:`parse_config` and
+:func:`parse_seed_map` take already-decoded JSON values and return frozen,
+validated values; :func:`load_config` and :func:`load_seed_map` are the thin
+file-reading shells. Every error is a :class:`ConfigError` (an operator
+fault): the broker refuses to start.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from bounded_query.broker.runner import RunnerSettings, parse_memory_limit
+
+__all__ = [
+    "BUDGET_BITS",
+    "CONFIG_ENV",
+    "SENSITIVITIES",
+    "BrokerConfig",
+    "ConfigError",
+    "SeedEntry",
+    "SeedMap",
+    "load_config",
+    "load_seed_map",
+    "parse_config",
+    "parse_seed_map",
+]
+
+#: Environment variable naming the config file when ``--config`` is absent.
+CONFIG_ENV = "BOUNDED_QUERY_BROKER_CONFIG"
+
+#: Run budget per sensitivity in bits (spec 14.1); None means unmetered.
+BUDGET_BITS: Mapping[str, int | None] = {
+    "public": None,
+    "internal": 64,
+    "confidential": 8,
+    "sealed": 0,
+}
+SENSITIVITIES = frozenset(BUDGET_BITS)
+
+#: Runtimes spec 14.2 names; "sbx" is accepted here and refused by the runner
+#: factory (fail-closed preview).
+RUNTIMES = frozenset({"docker", "gvisor", "sbx"})
+
+#: Config and seed-map files are small; a larger file is not ours.
+MAX_CONFIG_FILE_BYTES = 1 << 20
+
+_HEX_RUN_ID = re.compile(r"[0-9a-f]{16,64}")
+_HEX_SEED_ID = re.compile(r"[0-9a-f]{1,128}")
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+# Same slug rule as the protocol (owner/repo); repeated here so the config
+# loader does not depend on the request parser.
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
+
+_CONFIG_KEYS = frozenset(
+    {
+        "version",
+        "runId",
+        "socketPath",
+        "socketUid",
+        "socketGid",
+        "privateRoot",
+        "seedMap",
+        "runtime",
+        "timeout",
+        "memoryLimit",
+        "maxInvocations",
+        "image",
+        "dockerHost",
+        "hostPathMap",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """The trusted configuration is missing or malformed (operator fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Validated broker configuration (the JSON file the harness writes)."""
+
+    run_id: str
+    socket_path: Path
+    socket_uid: int | None
+    socket_gid: int | None
+    private_root: Path
+    seed_map_path: Path
+    runtime: str
+    timeout_s: int
+    memory_limit: str
+    memory_bytes: int
+    max_invocations: int
+    image: str
+    docker_host: str
+    host_path_map: tuple[tuple[str, str], ...]
+
+    @property
+    def journal_path(self) -> Path:
+        """``state/journal`` under the private root."""
+        return self.private_root / "state" / "journal"
+
+    @property
+    def audit_path(self) -> Path:
+        """``audit/audit.jsonl`` under the private root."""
+        return self.private_root / "audit" / "audit.jsonl"
+
+    @property
+    def ready_path(self) -> Path:
+        """``control/ready`` under the private root."""
+        return self.private_root / "control" / "ready"
+
+    @property
+    def work_root(self) -> Path:
+        """``work/`` under the private root (one directory per invocation)."""
+        return self.private_root / "work"
+
+    @property
+    def seeds_root(self) -> Path:
+        """``seeds/`` under the private root (written by the harness)."""
+        return self.private_root / "seeds"
+
+    def runner_settings(self) -> RunnerSettings:
+        """The subset of this config a sandbox runner may see."""
+        return RunnerSettings(
+            runtime=self.runtime,
+            run_id=self.run_id,
+            image=self.image,
+            timeout_s=self.timeout_s,
+            memory_bytes=self.memory_bytes,
+            docker_host=self.docker_host,
+            host_path_map=self.host_path_map,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SeedEntry:
+    """One repository of the seed map: trusted sensitivity and opaque seed id."""
+
+    repo: str
+    seed_id: str
+    sensitivity: str
+    commit: str
+
+    @property
+    def budget_bits(self) -> int | None:
+        """Run budget in bits, None for unmetered (public)."""
+        return BUDGET_BITS[self.sensitivity]
+
+
+@dataclass(frozen=True, slots=True)
+class SeedMap:
+    """Seed map keyed by lowercased repo slug (lookups are case-insensitive)."""
+
+    entries: Mapping[str, SeedEntry]
+
+    def lookup(self, repo: str) -> SeedEntry | None:
+        """Return the entry for ``repo`` (any case), or None when not configured."""
+        return self.entries.get(repo.lower())
+
+
+def _require(obj: Mapping[str, object], key: str, kind: type, where: str) -> object:
+    if key not in obj:
+        raise ConfigError(f"{where}.{key}: missing")
+    value = obj[key]
+    if kind is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected an integer")
+    elif not isinstance(value, kind):
+        raise ConfigError(f"{where}.{key}: expected {kind.__name__}")
+    return value
+
+
+def _abs_path(obj: Mapping[str, object], key: str) -> Path:
+    text = _require(obj, key, str, "config")
+    assert isinstance(text, str)
+    pure = PurePosixPath(text)
+    if not pure.is_absolute() or ".." in pure.parts or "\x00" in text:
+        raise ConfigError(f"config.{key}: must be an absolute path without '..'")
+    return Path(text)
+
+
+def _optional_id(obj: Mapping[str, object], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
+        raise ConfigError(f"config.{key}: expected null or a non-negative integer id")
+    return value
+
+
+def parse_config(obj: object) -> BrokerConfig:
+    """Validate a decoded broker config document.
+
+    Raises:
+        ConfigError: unknown or missing keys, wrong types, out-of-range limits.
+    """
+    if not isinstance(obj, dict):
+        raise ConfigError("config: expected a JSON object")
+    unknown = sorted(set(obj) - _CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"config: unknown keys {unknown}")
+    if obj.get("version") != 1 or isinstance(obj.get("version"), bool):
+        raise ConfigError("config.version: must be 1")
+    run_id = _require(obj, "runId", str, "config")
+    assert isinstance(run_id, str)
+    if not _HEX_RUN_ID.fullmatch(run_id):
+        raise ConfigError("config.runId: expected 16-64 lowercase hex digits")
+    runtime = _require(obj, "runtime", str, "config")
+    assert isinstance(runtime, str)
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"config.runtime: expected one of {sorted(RUNTIMES)}")
+    timeout = _require(obj, "timeout", int, "config")
+    assert isinstance(timeout, int)
+    if not 1 <= timeout <= 540:
+        raise ConfigError("config.timeout: must be 1-540 seconds (spec 14.2)")
+    max_inv = _require(obj, "maxInvocations", int, "config")
+    assert isinstance(max_inv, int)
+    if not 1 <= max_inv <= 10000:
+        raise ConfigError("config.maxInvocations: must be 1-10000 (spec 14.2)")
+    memory = _require(obj, "memoryLimit", str, "config")
+    assert isinstance(memory, str)
+    try:
+        memory_bytes = parse_memory_limit(memory)
+    except ValueError as exc:
+        raise ConfigError(f"config.{exc}") from None
+    image = _require(obj, "image", str, "config")
+    assert isinstance(image, str)
+    if not image or len(image) > 255 or not image.isprintable() or " " in image:
+        raise ConfigError("config.image: expected a non-empty image reference")
+    docker_host = _require(obj, "dockerHost", str, "config")
+    assert isinstance(docker_host, str)
+    if not docker_host.startswith("unix:///"):
+        raise ConfigError("config.dockerHost: must be a unix:// URL (spec 14.2 preflight)")
+    path_map = _require(obj, "hostPathMap", dict, "config")
+    assert isinstance(path_map, dict)
+    pairs: list[tuple[str, str]] = []
+    for src, dst in path_map.items():
+        if not (isinstance(dst, str) and src.startswith("/") and dst.startswith("/")):
+            raise ConfigError("config.hostPathMap: expected absolute path -> absolute path")
+        pairs.append((src, dst))
+    return BrokerConfig(
+        run_id=run_id,
+        socket_path=_abs_path(obj, "socketPath"),
+        socket_uid=_optional_id(obj, "socketUid"),
+        socket_gid=_optional_id(obj, "socketGid"),
+        private_root=_abs_path(obj, "privateRoot"),
+        seed_map_path=_abs_path(obj, "seedMap"),
+        runtime=runtime,
+        timeout_s=timeout,
+        memory_limit=memory,
+        memory_bytes=memory_bytes,
+        max_invocations=max_inv,
+        image=image,
+        docker_host=docker_host,
+        host_path_map=tuple(sorted(pairs)),
+    )
+
+
+def parse_seed_map(obj: object) -> SeedMap:
+    """Validate a decoded seed map (spec 14.6: the only source of sensitivity).
+
+    Raises:
+        ConfigError: malformed entries, bad slugs, duplicate repos (any case).
+    """
+    if not isinstance(obj, dict) or set(obj) != {"version", "repos"}:
+        raise ConfigError("seedMap: expected an object with exactly 'version' and 'repos'")
+    if obj["version"] != 1 or isinstance(obj["version"], bool):
+        raise ConfigError("seedMap.version: must be 1")
+    repos = obj["repos"]
+    if not isinstance(repos, list):
+        raise ConfigError("seedMap.repos: expected an array")
+    entries: dict[str, SeedEntry] = {}
+    for index, item in enumerate(repos):
+        where = f"seedMap.repos[{index}]"
+        if not isinstance(item, dict) or set(item) != {"repo", "seedId", "sensitivity", "commit"}:
+            raise ConfigError(f"{where}: expected exactly repo, seedId, sensitivity, commit")
+        repo, seed_id = item["repo"], item["seedId"]
+        sensitivity, commit = item["sensitivity"], item["commit"]
+        if not isinstance(repo, str) or not _SLUG.fullmatch(repo) or ".." in repo:
+            raise ConfigError(f"{where}.repo: not an owner/repo slug")
+        if repo.split("/")[1] in {".", ".."}:
+            raise ConfigError(f"{where}.repo: not an owner/repo slug")
+        if not isinstance(seed_id, str) or not _HEX_SEED_ID.fullmatch(seed_id):
+            raise ConfigError(f"{where}.seedId: expected lowercase hex")
+        if sensitivity not in SENSITIVITIES:
+            raise ConfigError(f"{where}.sensitivity: expected one of {sorted(SENSITIVITIES)}")
+        if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+            raise ConfigError(f"{where}.commit: expected a full lowercase hex commit id")
+        key = repo.lower()
+        if key in entries:
+            raise ConfigError(f"{where}.repo: duplicate repository (case-insensitive)")
+        entries[key] = SeedEntry(repo, seed_id, sensitivity, commit)
+    return SeedMap(entries)
+
+
+def _load_json(path: Path, what: str) -> object:
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(f"{what} {path}: larger than {MAX_CONFIG_FILE_BYTES} bytes")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{what} {path}: not valid JSON ({exc})") from None
+
+
+def load_config(path: Path) -> BrokerConfig:
+    """Read and validate the broker config file. Raises ConfigError."""
+    return parse_config(_load_json(path, "config"))
+
+
+def load_seed_map(path: Path) -> SeedMap:
+    """Read and validate the seed map file. Raises ConfigError."""
+    return parse_seed_map(_load_json(path, "seed map"))
