@@ -1,0 +1,126 @@
+"""``bounded-query-broker``: the trusted broker daemon's entry point (spec 14.7).
+
+Usage: ``bounded-query-broker --config PATH`` (or the environment variable
+``BOUNDED_QUERY_BROKER_CONFIG``). The config file and the seed map are written
+by the trusted harness; no request can influence either. The sandbox runner
+is built from configuration only (``bounded_query.sandbox.create_runner``);
+there is no way to select any other runner from configuration.
+
+Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 2 when the broker refuses
+to start (bad config, untrustworthy journal, unusable runtime or paths).
+Diagnostics go to stderr as single JSON lines and never contain request data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+from bounded_query.broker.config import CONFIG_ENV, ConfigError, load_config, load_seed_map
+from bounded_query.broker.journal import JournalCorrupt
+from bounded_query.broker.runner import Runner, RunnerUnavailable
+from bounded_query.broker.server import BrokerServer
+
+__all__ = ["main", "run_server"]
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+
+
+def _event(kind: str, **fields: object) -> None:
+    print(json.dumps({"event": kind, **fields}, sort_keys=True), file=sys.stderr, flush=True)
+
+
+def _raise_nofile_limit() -> None:
+    """Use the hard descriptor limit: a flood of connections must not starve accept()."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+async def _serve_until_signalled(server: BrokerServer) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for _ in signals:
+                    server.stop()
+                    return
+
+            nursery.start_soon(watch)
+            await nursery.start(server.serve)
+            if server.recovery is not None:
+                _event(
+                    "broker-ready",
+                    tornBytes=server.recovery.torn_bytes,
+                    interrupted=len(server.recovery.interrupted),
+                    invocations=server.recovery.invocations,
+                )
+        # serve() returned: the stop is complete.
+
+
+def run_server(config_path: Path, runner_factory: object = None) -> int:
+    """Load configuration, build the runner, serve until signalled; return an exit code.
+
+    ``runner_factory`` is for in-repository test entry points only (a fake
+    runner); the console script always passes None and gets the sandbox
+    runner chosen by the config's ``runtime``.
+    """
+    try:
+        config = load_config(config_path)
+        seed_map = load_seed_map(config.seed_map_path)
+    except ConfigError as exc:
+        _event("broker-refused", reason="config", detail=str(exc))
+        return EXIT_REFUSED
+    try:
+        runner: Runner
+        if runner_factory is None:
+            # Imported lazily: the sandbox pulls in the docker SDK.
+            sandbox = importlib.import_module("bounded_query.sandbox")
+            runner = sandbox.create_runner(config.runner_settings())
+        else:
+            assert callable(runner_factory)
+            runner = runner_factory(config)
+    except (RunnerUnavailable, ImportError, ValueError) as exc:
+        _event("broker-refused", reason="runner", detail=str(exc))
+        return EXIT_REFUSED
+    _raise_nofile_limit()
+    server = BrokerServer(config, seed_map, runner)
+    try:
+        trio.run(_serve_until_signalled, server)
+    except JournalCorrupt as exc:
+        _event("broker-refused", reason="journal", detail=str(exc))
+        return EXIT_REFUSED
+    except RunnerUnavailable as exc:
+        _event("broker-refused", reason="runner", detail=str(exc))
+        return EXIT_REFUSED
+    except OSError as exc:
+        _event("broker-refused", reason="os", detail=f"{exc.strerror} ({exc.errno})")
+        return EXIT_REFUSED
+    _event("broker-stopped")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``bounded-query-broker``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "--config":
+        path = args[1]
+    elif not args and os.environ.get(CONFIG_ENV):
+        path = os.environ[CONFIG_ENV]
+    else:
+        _event("broker-refused", reason="usage", detail="usage: bounded-query-broker --config PATH")
+        return EXIT_REFUSED
+    return run_server(Path(path))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""HTTP/1.1 transport: h11 parsing over a trio stream (spec 14.7, 14.8).
+
+Theory of operation: one request per connection. :func:`read_request` drives
+an h11 server connection over any trio ``Stream`` until exactly one complete
+request (head and body) has arrived, enforcing every transport limit on the
+way: the head must fit :data:`MAX_HEADER_BYTES` and arrive within the header
+deadline; the declared body must fit ``max_body`` (checked on Content-Length
+*before* reading any body byte) and arrive within the body deadline; chunked
+bodies are refused (the reference wrapper always sends a Content-Length).
+Anything else is an :class:`HttpReject`, a client fault whose ``reason`` goes
+to the audit log only.
+
+Responses are not built by h11: every response the broker ever sends is the
+same fixed status line and header block around one of the two canonical
+bodies (:func:`response_bytes`), so no error path can produce a distinguishable
+byte layout. ``Expect: 100-continue`` is answered with the fixed interim
+response so curl does not stall for a second before sending the body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import h11
+import trio
+
+__all__ = [
+    "BODY_TIMEOUT_S",
+    "CONTINUE_BYTES",
+    "HEADER_TIMEOUT_S",
+    "MAX_HEADER_BYTES",
+    "HttpReject",
+    "HttpRequest",
+    "read_request",
+    "response_bytes",
+    "send_response",
+]
+
+#: Header block cap (h11 ``max_incomplete_event_size``); curl's head is ~250 B.
+MAX_HEADER_BYTES = 8 * 1024
+#: Deadline for the request head, from connection accept (slowloris bound).
+HEADER_TIMEOUT_S = 5.0
+#: Deadline for the body, from the end of the head.
+BODY_TIMEOUT_S = 5.0
+#: Deadline for writing a response; a client that never reads is dropped.
+SEND_TIMEOUT_S = 5.0
+#: Read size per receive call; bounds what h11 may buffer beyond the limits.
+RECEIVE_BYTES = 16 * 1024
+
+CONTINUE_BYTES = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class HttpReject(Exception):
+    """The client broke the transport rules (remote fault); ``reason`` is for the audit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One complete request as received; headers keep h11's lowercased names."""
+
+    method: bytes
+    target: bytes
+    http_version: bytes
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+
+
+def response_bytes(body: bytes) -> bytes:
+    """The one response layout: 200, JSON content type, length, connection close."""
+    return (
+        b"HTTP/1.1 200 OK\r\n"
+        b"content-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode("ascii") + b"\r\n"
+        b"connection: close\r\n"
+        b"\r\n" + body
+    )
+
+
+async def _next_event(conn: h11.Connection, stream: trio.abc.Stream) -> object:
+    """Next h11 event, receiving more bytes as needed (EOF is fed to h11)."""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise HttpReject("http-malformed") from exc
+        if event is not h11.NEED_DATA:
+            return event
+        try:
+            data = await stream.receive_some(RECEIVE_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise HttpReject("http-connection-lost") from exc
+        try:
+            conn.receive_data(bytes(data))
+        except h11.RemoteProtocolError as exc:  # pragma: no cover - h11 raises in next_event
+            raise HttpReject("http-malformed") from exc
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    values = [v for n, v in headers if n == b"content-length"]
+    if not values:
+        return None
+    # h11 already rejects malformed or conflicting lengths.
+    return int(values[0])
+
+
+async def read_request(
+    stream: trio.abc.Stream,
+    *,
+    max_body: int,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> HttpRequest:
+    """Read exactly one request from ``stream``.
+
+    Raises:
+        HttpReject: malformed HTTP, oversize head or body, chunked body, a
+            missed deadline, or the peer went away before the request ended.
+    """
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+    with trio.move_on_after(header_timeout_s) as head_scope:
+        event = await _next_event(conn, stream)
+    if head_scope.cancelled_caught:
+        raise HttpReject("http-header-timeout")
+    if not isinstance(event, h11.Request):
+        raise HttpReject("http-no-request")
+    headers = list(event.headers.raw_items())
+    lowered = [(name.lower(), value) for name, value in headers]
+    if any(name == b"transfer-encoding" for name, _ in lowered):
+        raise HttpReject("http-chunked-body")
+    length = _content_length(lowered)
+    if length is not None and length > max_body:
+        raise HttpReject("http-body-too-large")
+    if conn.they_are_waiting_for_100_continue:
+        with trio.move_on_after(SEND_TIMEOUT_S):
+            try:
+                await stream.send_all(CONTINUE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise HttpReject("http-connection-lost") from exc
+    chunks: list[bytes] = []
+    received = 0
+    with trio.move_on_after(body_timeout_s) as body_scope:
+        while True:
+            part = await _next_event(conn, stream)
+            if isinstance(part, h11.Data):
+                received += len(part.data)
+                if received > max_body:  # pragma: no cover - Content-Length is checked
+                    raise HttpReject("http-body-too-large")
+                chunks.append(bytes(part.data))
+            elif isinstance(part, h11.EndOfMessage):
+                break
+            else:
+                raise HttpReject("http-truncated-body")
+    if body_scope.cancelled_caught:
+        raise HttpReject("http-body-timeout")
+    return HttpRequest(
+        method=bytes(event.method),
+        target=bytes(event.target),
+        http_version=bytes(event.http_version),
+        headers=tuple((bytes(n), bytes(v)) for n, v in headers),
+        body=b"".join(chunks),
+    )
+
+
+async def send_response(stream: trio.abc.Stream, body: bytes) -> None:
+    """Send the fixed response and close the stream; never raises on a gone peer."""
+    with trio.move_on_after(SEND_TIMEOUT_S):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(response_bytes(body))
+    with trio.move_on_after(SEND_TIMEOUT_S):
+        await stream.aclose()

@@ -1,0 +1,315 @@
+"""The invocation pipeline (spec 14.1, 14.3, 14.4, 14.5, 14.7).
+
+Theory of operation: every complete HTTP request enters one serialized lane.
+Inside the lane, in this order:
+
+1. **count** it against ``maxInvocations`` (every response counts,
+   rejections included; a request past the cap is rejected without being
+   journaled, since the cap is already reached);
+2. **validate** the request line and frame (``parse_frame``);
+3. **look up** the repository in the trusted seed map (sensitivity only from
+   there);
+4. **charge** the schema and check the balance (nothing is debited for an
+   invalid request or an unaffordable charge; ``public`` is unmetered;
+   ``sealed`` can never fund the 4-bit minimum);
+5. **journal** ``admitted`` (with the rejection, or with repo + charge and
+   the ``debit``) and fsync -- only then does anything touch a seed;
+6. create the workspace, journal ``launched``, hand the invocation to the
+   runner, read the result file (O_NOFOLLOW, regular, size cap), check it
+   strictly against the schema, remove the workspace, journal the outcome;
+7. **wait for the timing bucket** measured from lane entry, then answer.
+
+Timing policy: *every* answer produced by the lane -- launched invocations
+and rejections alike -- leaves at a bucket boundary measured from the moment
+the request entered the lane (a rejection normally lands on the 10 ms one).
+Only transport-level refusals (malformed HTTP, missed deadlines, the
+connection cap), whose timing depends on nothing but the client's own bytes,
+are answered at once by the server. Queueing behind a previous invocation is
+itself bucketed time: that invocation answered at a boundary after its own
+cleanup (spec 14.3.1, "Invocations are serialized").
+
+Every failure is the canonical error; its category goes only to the audit
+log. A journal write failure is a local fault: the service turns *broken*
+and answers every later request with the canonical error (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import stat
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+from bounded_query.broker.audit import AuditLog, AuditRecord
+from bounded_query.broker.config import BrokerConfig, SeedEntry, SeedMap
+from bounded_query.broker.http import HttpRequest
+from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome, Record
+from bounded_query.broker.ledger import Ledger, affordable
+from bounded_query.broker.protocol import (
+    CANONICAL_ERROR_BODY,
+    MAX_RESULT_BYTES,
+    TIMING_BUCKETS_MS,
+    RequestError,
+    Schema,
+    charge,
+    check_output,
+    check_request_line,
+    ok_body,
+    parse_frame,
+)
+from bounded_query.broker.runner import Invocation, Runner
+from bounded_query.broker.timing import TimingOverflow, wait_for_boundary
+
+__all__ = [
+    "BOUNDARIES_S",
+    "Decision",
+    "Service",
+    "read_result_file",
+    "remove_tree",
+]
+
+#: Spec 14.3.1 boundaries in seconds, from the protocol's normative constant.
+BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
+
+Sender = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one pass through the lane produced (before timing)."""
+
+    body: bytes
+    category: str
+    sensitivity: str | None = None
+    charge: int | None = None
+
+
+def read_result_file(path: Path, limit: int = MAX_RESULT_BYTES) -> bytes | None:
+    """Read the query's answer safely; None if it is not a small regular file (spec 14.7).
+
+    O_NOFOLLOW refuses a symlink, O_NONBLOCK keeps a FIFO from blocking the
+    open, fstat refuses anything but a regular file, and at most
+    ``limit + 1`` bytes are read so a file growing behind our back cannot
+    make us read more.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        chunks: list[bytes] = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove a workspace without following symlinks; True when it is gone.
+
+    ``shutil.rmtree`` uses the fd-based, symlink-safe walk on Linux; write
+    bits are restored first so a query that chmod'ed its files read-only
+    cannot make cleanup fail.
+    """
+
+    def _retry(func: Callable[..., object], target: str, _exc: object) -> None:
+        parent = os.path.dirname(target)
+        os.chmod(parent, 0o700, follow_symlinks=False)
+        func(target)
+
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=_retry)
+        else:
+            shutil.rmtree(path, onerror=_retry)
+    except OSError:
+        pass
+    return not os.path.lexists(path)
+
+
+class Service:
+    """The serialized lane: ledger, journal, runner and timing for each request."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        seed_map: SeedMap,
+        runner: Runner,
+        journal: JournalFile,
+        ledger: Ledger,
+        audit: AuditLog,
+        *,
+        boundaries_s: Sequence[float] = BOUNDARIES_S,
+        new_id: Callable[[], str] = lambda: secrets.token_hex(16),
+    ) -> None:
+        self.config = config
+        self.seed_map = seed_map
+        self.runner = runner
+        self.journal = journal
+        self.ledger = ledger
+        self.audit_log = audit
+        self.boundaries_s = tuple(boundaries_s)
+        self._new_id = new_id
+        self._lane = trio.Lock()
+        self.accepting = True
+        self.broken = False
+
+    # -- durable state ---------------------------------------------------
+
+    async def _journal(self, records: Sequence[Record]) -> None:
+        """Append + fsync, then apply to the ledger. Raises OSError (then broken)."""
+        try:
+            await trio.to_thread.run_sync(self.journal.append, records)
+        except OSError:
+            self.broken = True
+            raise
+        for record in records:
+            self.ledger.apply(record)
+
+    async def audit(self, record: AuditRecord) -> None:
+        """Write one audit line; an audit failure never changes an answer."""
+        # A full disk must not change the answer; the journal still holds the truth.
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(self.audit_log.write, record)
+
+    # -- the lane --------------------------------------------------------
+
+    async def handle(self, request: HttpRequest, send: Sender) -> None:
+        """Run one request through the lane and send its bucketed answer via ``send``."""
+        async with self._lane:
+            start = trio.current_time()
+            invocation_id = self._new_id()
+            decision = await self._decide(invocation_id, request)
+            body, category = decision.body, decision.category
+            bucket_ms: int | None
+            try:
+                landing = await wait_for_boundary(start, self.boundaries_s)
+                bucket_ms = round(landing.boundary_s * 1000)
+            except TimingOverflow:
+                body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
+        await send(body)
+        await self.audit(
+            AuditRecord(
+                invocation_id=invocation_id,
+                category=category,
+                sensitivity=decision.sensitivity,
+                charge=decision.charge,
+                bucket_ms=bucket_ms,
+            )
+        )
+
+    async def _decide(self, invocation_id: str, request: HttpRequest) -> Decision:
+        if not self.accepting:
+            return Decision(CANONICAL_ERROR_BODY, "broker-stopping")
+        if self.broken:
+            return Decision(CANONICAL_ERROR_BODY, "broker-internal")
+        if self.ledger.invocations >= self.config.max_invocations:
+            return Decision(CANONICAL_ERROR_BODY, "max-invocations")
+        try:
+            return await self._admit_and_run(invocation_id, request)
+        except OSError:
+            # A journal write failed: nothing after it happened.
+            return Decision(CANONICAL_ERROR_BODY, "journal-failed")
+
+    async def _reject(self, invocation_id: str, category: str, entry: SeedEntry | None) -> Decision:
+        await self._journal([Admitted(invocation_id, rejection=category)])
+        return Decision(CANONICAL_ERROR_BODY, category, entry.sensitivity if entry else None)
+
+    async def _admit_and_run(self, invocation_id: str, request: HttpRequest) -> Decision:
+        try:
+            if request.http_version != b"1.1":
+                raise RequestError("HTTP/1.1 required")
+            check_request_line(request.method, request.target)
+            parsed = parse_frame(list(request.headers), request.body)
+        except RequestError:
+            return await self._reject(invocation_id, "invalid-request", None)
+        entry = self.seed_map.lookup(parsed.private_repo)
+        if entry is None:
+            return await self._reject(invocation_id, "repo-not-allowed", None)
+        bits = charge(parsed.schema)
+        if not affordable(bits, self.ledger.spent(entry.repo), entry.budget_bits):
+            return await self._reject(invocation_id, "bit-budget-exhausted", entry)
+        await self._journal(
+            [
+                Admitted(invocation_id, repo=entry.repo, charge=bits),
+                Debit(invocation_id, entry.repo, bits),
+            ]
+        )
+        category, canonical = await self._run(invocation_id, entry, parsed.script, parsed.schema)
+        body = CANONICAL_ERROR_BODY if canonical is None else ok_body(canonical)
+        result = "ok" if canonical is not None else "error"
+        await self._journal([Outcome(invocation_id, result, None if result == "ok" else category)])
+        return Decision(body, category, entry.sensitivity, bits)
+
+    async def _run(
+        self, invocation_id: str, entry: SeedEntry, script: str, schema: Schema
+    ) -> tuple[str, str | None]:
+        """Workspace, runner, result file, cleanup. Returns (category, canonical)."""
+        workspace = self.config.work_root / invocation_id
+        try:
+            await trio.to_thread.run_sync(_make_workspace, workspace)
+        except OSError:
+            return "workspace-failed", None
+        invocation = Invocation(
+            run_id=self.config.run_id,
+            invocation_id=invocation_id,
+            seed_dir=self.config.seeds_root / entry.seed_id,
+            workspace=workspace,
+            script=script.encode("utf-8"),
+        )
+        category = "ok"
+        canonical: str | None = None
+        try:
+            await self._journal([Launched(invocation_id)])
+            try:
+                report = await self.runner.run(invocation)
+            except trio.Cancelled:
+                raise
+            except Exception:  # a runner bug: log category, answer canonical error
+                category = "runner-internal"
+            else:
+                if report.failure is not None:
+                    category = report.failure
+                else:
+                    raw = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
+                    canonical = None if raw is None else check_output(raw, schema)
+                    if canonical is None:
+                        category = "invalid-output"
+        except BaseException:
+            # Cancelled (shutdown grace expired) or a journal failure while
+            # launching: the invocation is interrupted, never re-run, never
+            # refunded; the workspace must not survive.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(remove_tree, workspace)
+                if not self.broken:
+                    with contextlib.suppress(OSError):
+                        await self._journal([Outcome(invocation_id, "interrupted", "shutdown")])
+            raise
+        if not await trio.to_thread.run_sync(remove_tree, workspace):
+            return "cleanup-failed", None
+        return category, canonical
+
+
+def _make_workspace(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.mkdir(path, 0o700)
+    os.chmod(path, 0o700)
