@@ -1,0 +1,188 @@
+"""Test helpers: git repositories and a real git smart-HTTP server with basic auth.
+
+The server runs ``git http-backend`` as a CGI program behind a small
+``http.server`` on 127.0.0.1, so staging's GIT_ASKPASS path runs for real.
+On every request it also scans ``/proc/*/cmdline`` for the token, so a test
+can assert that no process ever carried it as an argument.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "HOME": "/nonexistent",
+}
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def make_repo(path: Path, files: dict[str, str], *, commits: int = 1) -> str:
+    """Create a repository with ``files`` over ``commits`` commits; return HEAD."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    for index in range(commits):
+        for name, text in files.items():
+            target = path / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text if index == commits - 1 else f"{text}\n# draft {index}\n")
+        git(path, "add", "-A")
+        git(path, "commit", "-q", "-m", f"commit {index}")
+    return git(path, "rev-parse", "HEAD").strip()
+
+
+def cmdlines() -> list[bytes]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+    return out
+
+
+class GitHttpServer:
+    """``git http-backend`` over HTTP with basic auth (user ignored, password = token)."""
+
+    def __init__(self, project_root: Path, token: str) -> None:
+        self.project_root = project_root
+        self.token = token
+        self.requests: list[tuple[str, str, bool]] = []
+        self.token_seen_in_cmdline = False
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args: object) -> None:
+                pass
+
+            def _authorized(self) -> bool:
+                header = self.headers.get("Authorization", "")
+                if not header.startswith("Basic "):
+                    return False
+                try:
+                    decoded = base64.b64decode(header[6:]).decode()
+                except ValueError:
+                    return False
+                return decoded.split(":", 1)[-1] == outer.token
+
+            def _handle(self) -> None:
+                if any(outer.token.encode() in line for line in cmdlines()):
+                    outer.token_seen_in_cmdline = True
+                authorized = self._authorized()
+                outer.requests.append((self.command, self.path, authorized))
+                if not authorized:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="test"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                path, _, query = self.path.partition("?")
+                env = {
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "GIT_PROJECT_ROOT": str(outer.project_root),
+                    "GIT_HTTP_EXPORT_ALL": "1",
+                    "GIT_CONFIG_NOSYSTEM": "1",
+                    "GIT_CONFIG_GLOBAL": "/dev/null",
+                    "REQUEST_METHOD": self.command,
+                    "PATH_INFO": path,
+                    "QUERY_STRING": query,
+                    "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+                    "CONTENT_LENGTH": str(len(body)),
+                    "REMOTE_USER": "x",
+                    "REMOTE_ADDR": "127.0.0.1",
+                    "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""),
+                    "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+                }
+                done = subprocess.run(
+                    ["git", "http-backend"], input=body, env=env, capture_output=True, check=False
+                )
+                head, _, payload = done.stdout.partition(b"\r\n\r\n")
+                if not _:
+                    head, _, payload = done.stdout.partition(b"\n\n")
+                status = 200
+                headers = []
+                for line in head.decode("latin-1").splitlines():
+                    name, _, value = line.partition(":")
+                    if name.lower() == "status":
+                        status = int(value.strip().split()[0])
+                    elif name:
+                        headers.append((name, value.strip()))
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = _handle
+            do_POST = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> GitHttpServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def publish(source: Path, project_root: Path, slug: str) -> Path:
+    """Make a bare copy of ``source`` servable at ``<url>/<slug>.git``."""
+    bare = project_root / f"{slug}.git"
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(source), str(bare)],
+        env=GIT_ENV,
+        check=True,
+        capture_output=True,
+    )
+    return bare
+
+
+@contextlib.contextmanager
+def var_tmp_base() -> Iterator[Path]:
+    """A base directory under /var/tmp (outside /tmp, traversable by uid 65534)."""
+    base = Path(tempfile.mkdtemp(prefix="bq-harness-test-", dir="/var/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        for root, dirs, _files in os.walk(base):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(root, name), 0o700)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def all_bytes_under(root: Path) -> Iterator[tuple[Path, bytes]]:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                yield path, path.read_bytes()
