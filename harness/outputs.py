@@ -31,8 +31,8 @@ __all__ = [
     "broker_config_doc",
     "create_ingress_root",
     "install_wrapper_dir",
-    "seed_map_doc",
     "remove_roots",
+    "seed_map_doc",
     "write_agent_side",
     "write_json_private",
 ]
