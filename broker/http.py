@@ -81,13 +81,15 @@ def response_bytes(body: bytes) -> bytes:
     )
 
 
-async def _next_event(conn: h11.Connection, stream: trio.abc.Stream) -> object:
+async def _next_event(
+    conn: h11.Connection, stream: trio.abc.Stream, malformed: str = "http-malformed"
+) -> object:
     """Next h11 event, receiving more bytes as needed (EOF is fed to h11)."""
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
-            raise HttpReject("http-malformed") from exc
+            raise HttpReject(malformed) from exc
         if event is not h11.NEED_DATA:
             return event
         try:
@@ -129,6 +131,12 @@ async def read_request(
     if not isinstance(event, h11.Request):
         raise HttpReject("http-no-request")
     headers = list(event.headers.raw_items())
+    # h11 enforces the cap only while the head is incomplete; a head that
+    # arrives in one read is measured here (request line + "name: value\r\n").
+    head_size = len(event.method) + len(event.target) + 12
+    head_size += sum(len(name) + len(value) + 4 for name, value in headers)
+    if head_size > MAX_HEADER_BYTES:
+        raise HttpReject("http-header-too-large")
     lowered = [(name.lower(), value) for name, value in headers]
     if any(name == b"transfer-encoding" for name, _ in lowered):
         raise HttpReject("http-chunked-body")
@@ -145,7 +153,7 @@ async def read_request(
     received = 0
     with trio.move_on_after(body_timeout_s) as body_scope:
         while True:
-            part = await _next_event(conn, stream)
+            part = await _next_event(conn, stream, "http-truncated-body")
             if isinstance(part, h11.Data):
                 received += len(part.data)
                 if received > max_body:  # pragma: no cover - Content-Length is checked

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import trio
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome
 
 from tests.broker.helpers import (
@@ -26,9 +27,15 @@ def _journal(broker) -> list:
         journal.close()
 
 
-def _audit(broker) -> list[dict]:
-    lines = (broker.private / "audit" / "audit.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+async def _audit(broker, count: int) -> list[dict]:
+    """The audit lines, once ``count`` exist (they are written after each response)."""
+    path = broker.private / "audit" / "audit.jsonl"
+    for _ in range(1000):
+        lines = path.read_text().splitlines()
+        if len(lines) >= count:
+            return [json.loads(line) for line in lines]
+        await trio.sleep(0.005)
+    raise AssertionError("audit lines missing")
 
 
 async def test_valid_request_ok(broker):
@@ -165,7 +172,7 @@ async def test_runner_failures_are_canonical_errors(broker):
         response = await exchange(broker.socket, request_bytes(script))
         assert body_of(response) == ERROR, script
     assert not any((broker.private / "work").iterdir())
-    categories = [line["category"] for line in _audit(broker)]
+    categories = [line["category"] for line in await _audit(broker, len(scripts))]
     assert categories[:4] == [
         "query-timeout",
         "query-nonzero-exit",
@@ -219,10 +226,10 @@ async def test_audit_holds_no_request_data(broker):
     secret_script = "write true\n# SECRET-SCRIPT-TEXT"
     await exchange(broker.socket, request_bytes(secret_script, repo="octo/internal"))
     await exchange(broker.socket, request_bytes("write SECRET-OUTPUT"))
+    entries = await _audit(broker, 2)
     text = (broker.private / "audit" / "audit.jsonl").read_text()
     for needle in ("SECRET", "octo", str(broker.private), "/"):
         assert needle not in text
-    entries = _audit(broker)
     assert set(entries[0]) == {
         "invocationId",
         "sensitivity",
