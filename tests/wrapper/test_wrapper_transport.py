@@ -172,6 +172,9 @@ HOSTILE = {
     "chunked": Reply(
         [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1d\r\n" + OK + b"\r\n0\r\n\r\n"]
     ),
+    # A transfer coding wins over Content-Length (RFC 9112): refuse, never guess.
+    "chunked-with-length": Reply([http_reply(OK, extra=b"transfer-encoding: chunked\r\n")]),
+    "identity-coding": Reply([http_reply(OK, extra=b"Transfer-Encoding: identity\r\n")]),
     "header-without-colon": Reply([http_reply(OK, extra=b"bogus\r\n")]),
     "folded-header": Reply([http_reply(OK, extra=b"x-a: 1\r\n  folded\r\n")]),
     "bare-lf-in-header": Reply([http_reply(OK, extra=b"x-a: 1\nx-b: 2\r\n")]),
