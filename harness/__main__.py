@@ -19,9 +19,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from .config import ConfigError, LoadedConfig, load_config
+import trio
+
+from .config import SLUG_RE, ConfigError, LoadedConfig, load_config
 from .events import EventSink
+from .outputs import DEFAULT_IMAGE
+from .paths import DEFAULT_BASE
+from .run import RunOptions, run
 
 __all__ = ["EXIT_HARNESS", "build_parser", "main"]
 
@@ -82,6 +88,85 @@ def _cmd_validate(args: argparse.Namespace, sink: EventSink) -> int:
     return 0
 
 
+class UsageError(ValueError):
+    """A malformed command line (caller's fault; exit 2)."""
+
+
+def parse_seed_sources(items: Sequence[str]) -> dict[str, Path]:
+    """Parse repeated ``owner/repo=PATH`` options, keyed by lowercased slug.
+
+    Raises:
+        UsageError: no ``=``, an unsafe slug, an empty path or a repeated slug.
+    """
+    out: dict[str, Path] = {}
+    for item in items:
+        slug, sep, path = item.partition("=")
+        if not sep or not path or SLUG_RE.fullmatch(slug) is None:
+            raise UsageError(f"--seed-source {item!r}: expected owner/repo=PATH")
+        key = slug.lower()
+        if key in out:
+            raise UsageError(f"--seed-source {slug}: given twice")
+        out[key] = Path(path).absolute()
+    return out
+
+
+def _agent_argv(raw: Sequence[str]) -> tuple[str, ...]:
+    argv = list(raw)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("missing agent command: run --config FILE -- COMMAND [ARGS...]")
+    return tuple(argv)
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(
+        config_source=args.config,
+        agent=_agent_argv(args.agent),
+        seed_sources=parse_seed_sources(args.seed_source),
+        workspace=Path(args.workspace).absolute(),
+        agent_mounts=tuple(Path(p).absolute() for p in args.agent_mount),
+        image=args.image,
+        base=Path(args.state_base),
+    )
+
+
+def _cmd_run(args: argparse.Namespace, sink: EventSink) -> int:
+    try:
+        options = _run_options(args)
+    except UsageError as exc:
+        sink.emit("usage_error", message=str(exc))
+        return EXIT_HARNESS
+    if args.compose:
+        from .compose import compose_broker_starter
+
+        return trio.run(run, options, sink, None, compose_broker_starter(args.compose_project))
+    return trio.run(run, options, sink)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="configuration file, or - for stdin")
+    parser.add_argument(
+        "--seed-source",
+        action="append",
+        default=[],
+        metavar="OWNER/REPO=PATH",
+        help="stage this repository from a local repository or bundle (repeatable)",
+    )
+    parser.add_argument(
+        "--workspace", default=".", help="the agent's work directory (agent-visible)"
+    )
+    parser.add_argument(
+        "--agent-mount",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another agent-visible path the private root must not overlap (repeatable)",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="query image")
+    parser.add_argument("--state-base", default=str(DEFAULT_BASE), help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``bounded-query-harness``."""
     parser = argparse.ArgumentParser(
@@ -92,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate the boundedQueries section only")
     validate.add_argument("--config", required=True, help="configuration file, or - for stdin")
     validate.set_defaults(handler=_cmd_validate)
+
+    run_parser = sub.add_parser("run", help="stage, start the broker, run the agent, tear down")
+    _add_run_options(run_parser)
+    run_parser.add_argument(
+        "--compose", action="store_true", help="run the broker as the compose service"
+    )
+    run_parser.add_argument("--compose-project", default=None, help=argparse.SUPPRESS)
+    run_parser.add_argument("agent", nargs=argparse.REMAINDER, help="-- AGENT-COMMAND...")
+    run_parser.set_defaults(handler=_cmd_run)
     return parser
 
 

@@ -24,7 +24,8 @@ from bounded_query.harness.outputs import (
 from bounded_query.harness.paths import run_paths
 from bounded_query.harness.skill import EXAMPLES, charge_of, render_skill
 from bounded_query.harness.staging import StagedSeed, create_private_root
-from bq_harness_helpers import var_tmp_base
+
+from tests.harness.bq_harness_helpers import var_tmp_base
 
 CONFIG = BoundedQueriesConfig(
     enabled=True,

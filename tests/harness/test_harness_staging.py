@@ -21,7 +21,8 @@ from bounded_query.harness.staging import (
     stage_seeds,
     verify_seed,
 )
-from bq_harness_helpers import (
+
+from tests.harness.bq_harness_helpers import (
     GitHttpServer,
     all_bytes_under,
     git,

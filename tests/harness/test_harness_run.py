@@ -1,0 +1,251 @@
+"""``run`` end to end with a real broker process (spec 14.2, 14.6-14.8).
+
+The broker is the real daemon (``run_server``) with the shared subprocess
+fake runner (``tests.fakes``), so these tests need no engine; the engine
+end-to-end run lives in ``test_harness_engine.py``. Agent scripts read
+``$QUERY_OUT``/``$QUERY_REPO`` when set (fake runner) and fall back to the
+container paths, so the same agent works in both.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import trio
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.run import RunOptions, run
+
+from tests.harness.bq_harness_helpers import make_repo, var_tmp_base
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
+
+AGENT = r'''
+import json, os, subprocess, sys
+report = {
+    "socket": os.environ.get("AWF_BOUNDED_QUERY_SOCKET"),
+    "skill": os.environ.get("AWF_BOUNDED_QUERY_SKILL"),
+    "repos": os.environ.get("AWF_BOUNDED_QUERY_REPOS"),
+    "tokens": [k for k in ("GH_TOKEN", "GITHUB_TOKEN") if k in os.environ],
+    "path0": os.environ["PATH"].split(os.pathsep)[0],
+    "skill_text": open(os.environ["AWF_BOUNDED_QUERY_SKILL"]).read()[:1200],
+}
+SCRIPT = (
+    "import json, os\n"
+    "repo = os.environ.get('QUERY_REPO', '/query/repo')\n"
+    "out = os.environ.get('QUERY_OUT', '/query/out')\n"
+    "json.dump(os.path.exists(os.path.join(repo, 'README.md')), open(out, 'w'))\n"
+)
+def ask(repo, schema):
+    done = subprocess.run(["bounded-query", "--repo", repo, "--schema", json.dumps(schema)],
+                          input=SCRIPT.encode(), capture_output=True, check=True)
+    return done.stdout.decode()
+report["alpha"] = ask("octo/alpha", {"type": "boolean"})
+report["vault"] = ask("octo/vault", {"type": "boolean"})
+json.dump(report, open(sys.argv[1], "w"))
+sys.exit(int(sys.argv[2]))
+'''
+
+
+def write_config(path: Path, enabled: bool = True, timeout: int = 30) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "boundedQueries": {
+                    "enabled": enabled,
+                    "privateRepos": [
+                        {"repo": "octo/alpha", "sensitivity": "internal"},
+                        {"repo": "octo/vault", "sensitivity": "sealed"},
+                    ],
+                    "timeout": timeout,
+                }
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path):
+    with var_tmp_base() as base:
+        source = tmp_path / "src"
+        make_repo(source, {"README.md": "hi\n"})
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        agent = tmp_path / "agent.py"
+        agent.write_text(AGENT)
+        summary = tmp_path / "summary.md"
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(REPO_ROOT),
+            "GH_TOKEN": "should-not-reach-the-agent",
+            "GITHUB_STEP_SUMMARY": str(summary),
+        }
+        yield {
+            "tmp": tmp_path,
+            "base": base,
+            "source": source,
+            "workspace": workspace,
+            "agent": agent,
+            "summary": summary,
+            "env": env,
+        }
+
+
+def options(setup, config: Path, agent: tuple[str, ...], **extra) -> RunOptions:
+    return RunOptions(
+        config_source=str(config),
+        agent=agent,
+        seed_sources={"octo/alpha": setup["source"], "octo/vault": setup["source"]},
+        workspace=setup["workspace"],
+        base=setup["base"],
+        broker_command=FAKE_BROKER,
+        probe_runtime=False,
+        **extra,
+    )
+
+
+def events_of(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+async def test_full_run_passes_agent_status_and_tears_down(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    report_path = setup["tmp"] / "report.json"
+    stream = io.StringIO()
+    status = await run(
+        options(setup, config, (sys.executable, str(setup["agent"]), str(report_path), "7")),
+        EventSink(stream),
+        setup["env"],
+    )
+    events = events_of(stream)
+    assert status == 7, events
+    report = json.loads(report_path.read_text())
+    assert report["alpha"] == '{"status":"ok","result":true}\n'
+    assert report["vault"] == '{"status":"error"}\n'
+    assert report["repos"] == "octo/alpha,octo/vault"
+    assert report["tokens"] == []
+    assert report["path0"].endswith("/skill/bin")
+    assert report["socket"].endswith("/run/broker.sock")
+    assert "awf-bounded-query-ingress-" in report["socket"]
+    assert "`octo/alpha` — 64 bits/run (`internal`)" in report["skill_text"]
+    names = [e["event"] for e in events]
+    for expected in (
+        "preflight_passed",
+        "repo_staged",
+        "broker_ready",
+        "agent_started",
+        "agent_exited",
+        "broker_stopped",
+        "roots_removed",
+        "run_end",
+    ):
+        assert expected in names, expected
+    assert events[-1]["status"] == 7
+    usage = {e["repo"]: e for e in events if e["event"] == "repo_usage"}
+    assert usage["octo/alpha"]["spent"] == 5
+    assert usage["octo/alpha"]["invocations"] == 1
+    assert usage["octo/vault"]["spent"] == 0
+    assert list(setup["base"].iterdir()) == []
+    summary = setup["summary"].read_text()
+    assert "| `octo/alpha` | internal | 64 | 5 | 1 |" in summary
+    assert "| `octo/vault` | sealed | 0 | 0 | 0 |" in summary
+    assert "Refused before launch (any repository): 1" in summary
+    assert "should-not-reach-the-agent" not in stream.getvalue()
+
+
+async def test_disabled_runs_the_agent_untouched(setup):
+    config = write_config(setup["tmp"] / "c.yaml", enabled=False)
+    out = setup["tmp"] / "env.json"
+    code = f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"
+    stream = io.StringIO()
+    status = await run(
+        options(setup, config, (sys.executable, "-c", code)), EventSink(stream), setup["env"]
+    )
+    assert status == 0
+    seen = json.loads(out.read_text())
+    assert seen["GH_TOKEN"] == "should-not-reach-the-agent"
+    assert not [k for k in seen if k.startswith("AWF_BOUNDED_QUERY")]
+    assert list(setup["base"].iterdir()) == []
+    assert "bounded_queries_disabled" in [e["event"] for e in events_of(stream)]
+
+
+async def test_invalid_config_exits_2_without_running_the_agent(setup):
+    config = setup["tmp"] / "bad.json"
+    config.write_text('{"boundedQueries": {"enabled": true, "timeout": 999}}')
+    marker = setup["tmp"] / "ran"
+    stream = io.StringIO()
+    status = await run(
+        options(setup, config, ("touch", str(marker))), EventSink(stream), setup["env"]
+    )
+    assert status == 2
+    assert not marker.exists()
+    assert events_of(stream)[0]["location"] == "boundedQueries.timeout"
+
+
+async def test_failed_preflight_exits_2_before_staging(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "ran"
+    env = {**setup["env"], "DOCKER_HOST": "tcp://127.0.0.1:2375"}
+    stream = io.StringIO()
+    status = await run(options(setup, config, ("touch", str(marker))), EventSink(stream), env)
+    assert status == 2
+    assert not marker.exists()
+    assert list(setup["base"].iterdir()) == []
+    events = events_of(stream)
+    assert [e["location"] for e in events if e["event"] == "preflight_error"] == ["DOCKER_HOST"]
+    assert "failed before the agent started" in setup["summary"].read_text()
+
+
+async def test_broker_that_never_gets_ready_exits_2_and_cleans_up(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "ran"
+    stream = io.StringIO()
+    opts = options(setup, config, ("touch", str(marker)))
+    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
+                         "broker_command": ("false",)})
+    status = await run(opts, EventSink(stream), setup["env"])
+    assert status == 2
+    assert not marker.exists()
+    assert list(setup["base"].iterdir()) == []
+    assert "broker_failed" in [e["event"] for e in events_of(stream)]
+
+
+async def test_signal_is_forwarded_to_the_agent_and_everything_is_torn_down(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "started"
+    code = textwrap.dedent(
+        f"""
+        import pathlib, time
+        pathlib.Path({str(marker)!r}).write_text("x")
+        time.sleep(60)
+        """
+    )
+    stream = io.StringIO()
+    result: list[int] = []
+
+    async def harness() -> None:
+        result.append(
+            await run(options(setup, config, (sys.executable, "-c", code)), EventSink(stream),
+                      setup["env"])
+        )
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(harness)
+        for _ in range(600):
+            if marker.exists():
+                break
+            await trio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert result == [128 + signal.SIGTERM]
+    assert list(setup["base"].iterdir()) == []
+    names = [e["event"] for e in events_of(stream)]
+    assert "signal" in names
+    assert names[-1] == "run_end"
