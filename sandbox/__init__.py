@@ -1,1 +1,41 @@
-"""sandbox"""
+"""Query sandbox backends (spec 14.7; issue 4).
+
+``create_runner(settings)`` builds the runner for the configured runtime:
+``"docker"`` (runc) and ``"gvisor"`` (runsc) share :class:`DockerRunner`;
+``"sbx"`` raises :class:`~bounded_query.broker.runner.RunnerUnavailable`
+carrying :func:`sbx_capability_report` and never launches anything.
+"""
+
+from __future__ import annotations
+
+from bounded_query.broker.runner import Runner, RunnerSettings
+
+from .docker_runner import DockerRunner, RunOptions, prepare_workspace
+from .sbx import sbx_capability_report, sbx_unavailable
+from .spec import ContainerSpec, container_spec, probe_spec, translate_host_path
+
+__all__ = [
+    "ContainerSpec",
+    "DockerRunner",
+    "RunOptions",
+    "container_spec",
+    "create_runner",
+    "prepare_workspace",
+    "probe_spec",
+    "sbx_capability_report",
+    "translate_host_path",
+]
+
+
+def create_runner(settings: RunnerSettings) -> Runner:
+    """Return the runner for ``settings.runtime``.
+
+    Raises:
+        RunnerUnavailable: runtime "sbx" (always blocked, with the report).
+        ValueError: any other unknown runtime (a configuration bug upstream).
+    """
+    if settings.runtime == "sbx":
+        raise sbx_unavailable()
+    if settings.runtime in ("docker", "gvisor"):
+        return DockerRunner(settings)
+    raise ValueError(f"unknown query runtime {settings.runtime!r}")

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the query image (DESIGN.md decision 2; spec 14.7) without any
+# registry: Debian packages via mmdebstrap, then `docker import`.
+#
+#   sandbox/image/build.sh [IMAGE]        default: bounded-query-python:latest
+#
+# Contents: Debian's "essential" set plus python3 and git, the fixed entrypoint
+# at /awf/entrypoint.py, mount points /awf/seed, /awf/query-script.py and
+# /query. dpkg (the only package manager the essential set has) is removed
+# after installation, as are perl's CPAN client, debconf, documentation and
+# locales; no file keeps a setuid or setgid bit.
+#
+# Idempotent: the image carries the label bounded-query.recipe=<sha256 of this
+# script and the entrypoint>; an image with the same label is not rebuilt.
+# Reproducible: SOURCE_DATE_EPOCH is fixed, so the same package versions give
+# the same root file system bytes (mmdebstrap's reproducible mode).
+# Checks the result: python3 and git work; no package manager, no Docker
+# client, no compiler.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+image=${1:-bounded-query-python:latest}
+DOCKER=/usr/bin/docker
+[ -x "$DOCKER" ] || DOCKER=docker
+recipe=$(cat "$here/build.sh" "$here/entrypoint.py" | sha256sum | cut -d' ' -f1)
+have=$("$DOCKER" image inspect -f '{{ index .Config.Labels "bounded-query.recipe" }}' "$image" 2>/dev/null || true)
+if [ "$have" = "$recipe" ]; then
+  echo "build-images: $image is up to date (recipe ${recipe:0:12})" >&2
+  exit 0
+fi
+command -v mmdebstrap >/dev/null || { echo "build-images: mmdebstrap missing; run .ci/provision-engine" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "build-images: building $image (recipe ${recipe:0:12})" >&2
+SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --include=python3,git \
+  --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-exclude=/usr/share/man/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --customize-hook='mkdir -p "$1/awf/seed" "$1/query" && : > "$1/awf/query-script.py"' \
+  --customize-hook="copy-in $here/entrypoint.py /awf" \
+  --customize-hook='chown -R 0:0 "$1/awf" && chmod 0755 "$1/awf" "$1/awf/seed" "$1/query" && chmod 0444 "$1/awf/entrypoint.py" "$1/awf/query-script.py"' \
+  --customize-hook='rm -rf "$1"/usr/bin/dpkg* "$1"/usr/sbin/dpkg* "$1"/usr/bin/apt* "$1"/usr/sbin/update-alternatives "$1"/usr/bin/update-alternatives "$1"/var/lib/dpkg "$1"/etc/dpkg "$1"/usr/share/dpkg "$1"/var/cache/debconf "$1"/var/log/* "$1"/usr/bin/cpan* "$1"/usr/bin/debconf* "$1"/usr/share/perl5/CPAN* "$1"/usr/share/perl/5.36*/CPAN*' \
+  --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
+  bookworm "$work/rootfs.tar"
+"$DOCKER" import \
+  --change 'USER 65534:65534' \
+  --change 'WORKDIR /query' \
+  --change 'ENV PATH=/usr/bin:/bin LANG=C.UTF-8 HOME=/tmp' \
+  --change 'ENTRYPOINT ["/usr/bin/python3", "-I", "-S", "/awf/entrypoint.py"]' \
+  --change "LABEL bounded-query.recipe=$recipe" \
+  "$work/rootfs.tar" "$image" >/dev/null
+# Check the result with the same hardening a query gets (no network, read-only).
+check() { "$DOCKER" run --rm --network none --read-only --user 65534:65534 --entrypoint "$1" "$image" "${@:2}"; }
+check python3 -c 'import json, sqlite3, subprocess; print("python ok")' >&2
+check git --version >&2
+check python3 -c '
+import shutil, sys
+bad = [n for n in ("dpkg", "apt", "cpan", "debconf", "apt-get", "aptitude", "pip", "pip3", "docker", "dockerd",
+       "containerd", "runc", "ctr", "podman", "gcc", "cc", "c++", "g++", "clang", "tcc", "as",
+       "ld", "make") if shutil.which(n)]
+try:
+    import ensurepip  # noqa: F401
+    bad.append("ensurepip")
+except ImportError:
+    pass
+import os
+for top in ("/usr", "/bin", "/sbin"):
+    for d, _, fs in os.walk(top):
+        bad += [os.path.join(d, f) for f in fs if not os.path.islink(os.path.join(d, f))
+                and os.lstat(os.path.join(d, f)).st_mode & 0o6000]
+sys.exit("forbidden tools in image: " + " ".join(bad) if bad else 0)' >&2
+echo "build-images: $image built and checked" >&2

@@ -1,0 +1,262 @@
+"""Container specification of one query sandbox (spec 14.7), as plain values.
+
+Theory of operation: everything about a query container is derived here from
+trusted inputs only (``RunnerSettings`` from the broker's configuration, the
+broker-generated ids and paths of an ``Invocation``, and our seccomp profile)
+into the exact JSON body of the Engine API's ``POST /containers/create``. No
+docker, trio or os import: the runner sends this body as is, and the unit
+tests check it field by field. Nothing a request carries appears here: the
+script travels as a file the broker wrote, never as an argument, variable or
+label.
+
+Layout seen by the query (uid/gid 65534, read-only root):
+
+* ``/awf/seed`` - the trusted seed, bind-mounted read-only;
+* ``/awf/query-script.py`` - the script, bind-mounted read-only;
+* ``/query`` - a size-limited tmpfs owned by 65534, where the image's fixed
+  entrypoint materializes the seed at ``/query/repo``;
+* ``/query/out`` - the pre-created, 65534-owned result file of the
+  workspace, bind-mounted read-write (a mount point cannot be renamed over or
+  unlinked, so symlink, FIFO or directory swaps fail with EBUSY);
+* ``/tmp`` - a small size-limited tmpfs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bounded_query.broker.runner import (
+    LABEL_INVOCATION,
+    LABEL_RUN,
+    RESULT_FILE_NAME,
+    Invocation,
+    RunnerSettings,
+)
+
+__all__ = [
+    "CONTAINER_ENTRYPOINT",
+    "CONTAINER_ENV",
+    "CPU_NANOS",
+    "NOFILE_LIMIT",
+    "PIDS_LIMIT",
+    "QUERY_GID",
+    "QUERY_UID",
+    "RUNTIMES",
+    "SCRIPT_FILE_NAME",
+    "TMP_TMPFS_BYTES",
+    "ContainerSpec",
+    "container_name",
+    "container_spec",
+    "probe_spec",
+    "translate_host_path",
+]
+
+#: The unprivileged identity of every query process ("nobody"/"nogroup").
+QUERY_UID = 65534
+QUERY_GID = 65534
+#: Configured runtime name -> OCI runtime registered with dockerd. "sbx" is
+#: deliberately absent: it is never launched (spec 14.2).
+RUNTIMES: Mapping[str, str] = {"docker": "runc", "gvisor": "runsc"}
+#: One CPU: a query is a short, mostly single-threaded Python script, and the
+#: broker serializes invocations on a two-core machine.
+CPU_NANOS = 1_000_000_000
+#: Enough for python, git and a few helpers; a fork bomb stops here.
+PIDS_LIMIT = 128
+#: Open files per process: python and git need a few dozen.
+NOFILE_LIMIT = 1024
+#: /tmp is scratch space only; the repository lives in /query.
+TMP_TMPFS_BYTES = 64 * 1024 * 1024
+#: /dev/shm for multiprocessing; counted against the memory limit anyway.
+SHM_BYTES = 16 * 1024 * 1024
+#: Name of the script file inside the workspace (bound read-only).
+SCRIPT_FILE_NAME = "script.py"
+#: The image's fixed entrypoint (sandbox/image/entrypoint.py), restated so a
+#: tampered image ENTRYPOINT cannot change what runs.
+CONTAINER_ENTRYPOINT = ("/usr/bin/python3", "-I", "-S", "/awf/entrypoint.py")
+#: The complete environment of a query: fixed, minimal, no secrets.
+CONTAINER_ENV = (
+    "PATH=/usr/bin:/bin",
+    "LANG=C.UTF-8",
+    "HOME=/tmp",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "GIT_CONFIG_NOSYSTEM=1",
+)
+#: In-container paths (see the module docstring).
+SEED_TARGET = "/awf/seed"
+SCRIPT_TARGET = "/awf/query-script.py"
+QUERY_TARGET = "/query"
+RESULT_TARGET = f"/query/{RESULT_FILE_NAME}"
+TMP_TARGET = "/tmp"
+#: Log settings when the benchmark asks to keep the entrypoint's timing line.
+BENCH_LOG_CONFIG: Mapping[str, Any] = {
+    "Type": "local",
+    "Config": {"max-size": "1m", "max-file": "1"},
+}
+#: Every query container's name starts with this (ids follow).
+_NAME_PREFIX = "bq-"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """A container name and the Engine API create body for it."""
+
+    name: str
+    body: Mapping[str, Any]
+
+
+def translate_host_path(path: str, host_path_map: tuple[tuple[str, str], ...]) -> str:
+    """Map a broker-visible absolute path to the engine host's path.
+
+    The longest matching prefix (on a path-component boundary) wins; a path
+    no prefix matches is returned unchanged. Raises ValueError (local fault)
+    for a relative path.
+    """
+    if not path.startswith("/"):
+        raise ValueError(f"bind-mount source must be absolute: {path!r}")
+    best: tuple[str, str] | None = None
+    for inside, outside in host_path_map:
+        prefix = inside.rstrip("/")
+        if (path == prefix or path.startswith(prefix + "/")) and (
+            best is None or len(prefix) > len(best[0])
+        ):
+            best = (prefix, outside.rstrip("/"))
+    if best is None:
+        return path
+    prefix, outside = best
+    return (outside + path[len(prefix) :]) or "/"
+
+
+def container_name(run_id: str, invocation_id: str) -> str:
+    """The unique, predictable name of an invocation's container."""
+    return f"{_NAME_PREFIX}{run_id[:16]}-{invocation_id}"
+
+
+def _tmpfs_options(size: int, mode: str) -> str:
+    return f"rw,nosuid,nodev,noexec,size={size},uid={QUERY_UID},gid={QUERY_GID},mode={mode}"
+
+
+def _bind(source: str, target: str, *, read_only: bool) -> dict[str, Any]:
+    return {
+        "Type": "bind",
+        "Source": source,
+        "Target": target,
+        "ReadOnly": read_only,
+        "BindOptions": {"Propagation": "rprivate"},
+    }
+
+
+def _host_config(settings: RunnerSettings, seccomp_json: str, mounts: list[Any]) -> dict[str, Any]:
+    memory = settings.memory_bytes
+    return {
+        "Runtime": RUNTIMES[settings.runtime],
+        "NetworkMode": "none",
+        "ReadonlyRootfs": True,
+        "CapDrop": ["ALL"],
+        "CapAdd": None,
+        "Privileged": False,
+        "SecurityOpt": ["no-new-privileges:true", f"seccomp={seccomp_json}"],
+        "Memory": memory,
+        "MemorySwap": memory,
+        "NanoCpus": CPU_NANOS,
+        "PidsLimit": PIDS_LIMIT,
+        "Ulimits": [
+            {"Name": "nofile", "Soft": NOFILE_LIMIT, "Hard": NOFILE_LIMIT},
+            # Large enough for any seed file the tmpfs can hold; the
+            # entrypoint lowers it for the script itself.
+            {"Name": "fsize", "Soft": memory, "Hard": memory},
+            {"Name": "core", "Soft": 0, "Hard": 0},
+        ],
+        "Tmpfs": {
+            QUERY_TARGET: _tmpfs_options(memory, "0755"),
+            TMP_TARGET: _tmpfs_options(min(memory, TMP_TMPFS_BYTES), "1777"),
+        },
+        "ShmSize": SHM_BYTES,
+        "Mounts": mounts,
+        "IpcMode": "private",
+        "AutoRemove": False,
+        "LogConfig": {"Type": "none", "Config": {}},
+        "OomScoreAdj": 500,
+        "RestartPolicy": {"Name": "no"},
+    }
+
+
+def container_spec(
+    settings: RunnerSettings,
+    invocation: Invocation,
+    seccomp_json: str,
+    *,
+    entrypoint_args: tuple[str, ...] = (),
+    keep_logs: bool = False,
+) -> ContainerSpec:
+    """Derive the create body of one query container (spec 14.7).
+
+    ``entrypoint_args`` and ``keep_logs`` exist for the benchmark
+    (``--timings`` and a capped local log to read them from); the broker never
+    passes them: query output is otherwise discarded (LogConfig "none").
+
+    Raises:
+        KeyError: a runtime that is never launched ("sbx").
+        ValueError: a relative path.
+    """
+    if settings.runtime not in RUNTIMES:
+        raise KeyError(f"runtime {settings.runtime!r} is never launched")
+    hmap = settings.host_path_map
+    workspace = str(invocation.workspace)
+    mounts = [
+        _bind(translate_host_path(str(invocation.seed_dir), hmap), SEED_TARGET, read_only=True),
+        _bind(
+            translate_host_path(f"{workspace}/{SCRIPT_FILE_NAME}", hmap),
+            SCRIPT_TARGET,
+            read_only=True,
+        ),
+        _bind(
+            translate_host_path(f"{workspace}/{RESULT_FILE_NAME}", hmap),
+            RESULT_TARGET,
+            read_only=False,
+        ),
+    ]
+    body: dict[str, Any] = {
+        "Image": settings.image,
+        "Entrypoint": list(CONTAINER_ENTRYPOINT),
+        "Cmd": list(entrypoint_args),
+        "User": f"{QUERY_UID}:{QUERY_GID}",
+        "WorkingDir": QUERY_TARGET,
+        "Env": list(CONTAINER_ENV),
+        "Hostname": "query",
+        "NetworkDisabled": True,
+        "AttachStdin": False,
+        "AttachStdout": False,
+        "AttachStderr": False,
+        "OpenStdin": False,
+        "Tty": False,
+        "StopSignal": "SIGKILL",
+        "Labels": {LABEL_RUN: settings.run_id, LABEL_INVOCATION: invocation.invocation_id},
+        "HostConfig": _host_config(settings, seccomp_json, mounts),
+    }
+    if keep_logs:
+        body["HostConfig"]["LogConfig"] = BENCH_LOG_CONFIG
+    return ContainerSpec(container_name(settings.run_id, invocation.invocation_id), body)
+
+
+def probe_spec(settings: RunnerSettings, probe_id: str, seccomp_json: str) -> ContainerSpec:
+    """A probe container: same hardening, no mounts, runs ``python3 -c pass``.
+
+    Used by preflight to prove the runtime (gVisor) really starts containers.
+    """
+    body: dict[str, Any] = {
+        "Image": settings.image,
+        "Entrypoint": ["/usr/bin/python3", "-I", "-S", "-c", "pass"],
+        "Cmd": [],
+        "User": f"{QUERY_UID}:{QUERY_GID}",
+        "WorkingDir": "/",
+        "Env": list(CONTAINER_ENV),
+        "Hostname": "query",
+        "NetworkDisabled": True,
+        "Tty": False,
+        "StopSignal": "SIGKILL",
+        "Labels": {LABEL_RUN: settings.run_id, LABEL_INVOCATION: probe_id},
+        "HostConfig": _host_config(settings, seccomp_json, []),
+    }
+    return ContainerSpec(container_name(settings.run_id, probe_id), body)

@@ -1,0 +1,98 @@
+"""Builders for sandbox engine tests: a read-only seed, workspaces, invocations."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+from bounded_query.broker.runner import Invocation, RunnerSettings
+from bounded_query.broker.service import read_result_file
+
+IMAGE = "bounded-query-python:latest"
+RUNTIMES = ("docker", "gvisor")
+GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+}
+
+
+def make_seed(path: Path) -> Path:
+    """A small staged-seed look-alike: one packed commit, files 0444, dirs 0555."""
+    path.mkdir(parents=True)
+    (path / "src").mkdir()
+    (path / "README.md").write_text("# fixture\nneedle in a haystack\n")
+    for i in range(20):
+        (path / "src" / f"mod{i:02d}.py").write_text(f"VALUE = {i}\n" * 50)
+    (path / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (path / "run.sh").chmod(0o755)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=path, env=GIT_ENV, check=True, capture_output=True)
+
+    git("-c", "init.templateDir=", "init", "-q", "-b", "main")
+    git("add", "-A")
+    git("commit", "-q", "-m", "fixture")
+    git("gc", "-q", "--prune=now")
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) & ~0o222)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o555)
+    path.chmod(0o555)
+    # every ancestor must be traversable by uid 65534 for the gofer/bind mount
+    return path
+
+
+def remove_seed(path: Path) -> None:
+    for dirpath, _dirnames, _filenames in os.walk(path):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(path)
+
+
+def settings(runtime: str, *, timeout_s: int = 30, memory: int = 256 * 1024**2) -> RunnerSettings:
+    return RunnerSettings(
+        runtime=runtime,
+        run_id=secrets.token_hex(16),
+        image=IMAGE,
+        timeout_s=timeout_s,
+        memory_bytes=memory,
+    )
+
+
+def new_invocation(
+    settings_: RunnerSettings, work_root: Path, seed: Path, script: str | bytes
+) -> Invocation:
+    """An invocation whose workspace is created like the broker does (0700)."""
+    invocation_id = secrets.token_hex(8)
+    workspace = work_root / invocation_id
+    workspace.mkdir(mode=0o700, parents=True)
+    workspace.chmod(0o700)
+    return Invocation(
+        run_id=settings_.run_id,
+        invocation_id=invocation_id,
+        seed_dir=seed,
+        workspace=workspace,
+        script=script.encode() if isinstance(script, str) else script,
+    )
+
+
+def read_answer(invocation: Invocation) -> bytes | None:
+    """The broker's own reader (O_NOFOLLOW, regular file, size cap)."""
+    return read_result_file(invocation.result_path)
+
+
+def leftover_containers(client, run_id: str) -> list[str]:
+    found = client.containers.list(all=True, filters={"label": f"bounded-query.run={run_id}"})
+    return [c.name for c in found]
