@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,6 +145,101 @@ def _cmd_run(args: argparse.Namespace, sink: EventSink) -> int:
     return trio.run(run, options, sink)
 
 
+COMPOSE_STATE = "bounded-query-compose.json"
+
+
+def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
+    from .compose import (
+        ComposeError,
+        compose_command,
+        compose_document,
+        ensure_broker_image,
+        run_compose,
+        write_compose_file,
+    )
+    from .outputs import remove_roots
+    from .run import prepare
+
+    try:
+        options = RunOptions(
+            config_source=args.config,
+            agent=("true",),
+            seed_sources=parse_seed_sources(args.seed_source),
+            workspace=Path(args.workspace).absolute(),
+            agent_mounts=tuple(Path(p).absolute() for p in args.agent_mount),
+            image=args.image,
+            base=Path(args.state_base),
+        )
+    except UsageError as exc:
+        sink.emit("usage_error", message=str(exc))
+        return EXIT_HARNESS
+    out_dir = Path(args.out).absolute()
+    loaded = load_or_report(args.config, sink)
+    if loaded is None:
+        return EXIT_HARNESS
+    if not loaded.config.enabled:
+        sink.emit("bounded_queries_disabled", message="nothing to compose")
+        return 0
+    prepared = trio.run(prepare, options, loaded, dict(os.environ), sink)
+    if prepared is None:
+        return EXIT_HARNESS
+    project = args.project or f"bq{prepared.paths.private_root.name[-16:]}"
+    compose_file = out_dir / "docker-compose.yml"
+    try:
+        ensure_broker_image(prepared.docker_host)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        document = compose_document(prepared.paths, prepared.config, prepared.run_id)
+        write_compose_file(compose_file, document, prepared.paths)
+        state = {
+            "project": project,
+            "composeFile": str(compose_file),
+            "runId": prepared.run_id,
+            "privateRoot": str(prepared.paths.private_root),
+            "ingressRoot": str(prepared.paths.ingress_root),
+            "dockerHost": prepared.docker_host,
+        }
+        (out_dir / COMPOSE_STATE).write_text(json.dumps(state, indent=2) + "\n")
+        if args.up:
+            run_compose(project, compose_file, prepared.docker_host, "up", "-d")
+    except (ComposeError, OSError) as exc:
+        sink.emit("compose_failed", message=str(exc))
+        remove_roots(prepared.paths)
+        return EXIT_HARNESS
+    sink.emit("compose_written", composeFile=str(compose_file), project=project)
+    summary = {
+        **state,
+        "up": " ".join(compose_command(project, compose_file, "up", "-d")),
+        "down": f"bounded-query-harness compose-down --out {out_dir}",
+    }
+    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
+    from .compose import run_compose
+    from .outputs import remove_roots
+    from .paths import RunPaths
+    from .run import reconcile_containers
+
+    state_file = Path(args.out).absolute() / COMPOSE_STATE
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as exc:
+        sink.emit("usage_error", message=f"no compose state in {args.out}: {exc}")
+        return EXIT_HARNESS
+    done = run_compose(
+        state["project"], Path(state["composeFile"]), state["dockerHost"], "down",
+        "--remove-orphans", "--timeout", "20", check=False,
+    )
+    sink.emit("compose_down", status=done.returncode)
+    removed = reconcile_containers(state["dockerHost"], state["runId"])
+    sink.emit("containers_reconciled", removed=removed)
+    remove_roots(RunPaths(Path(state["privateRoot"]), Path(state["ingressRoot"])))
+    state_file.unlink()
+    sink.emit("roots_removed")
+    return 0 if done.returncode == 0 else 1
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="configuration file, or - for stdin")
     parser.add_argument(
@@ -186,6 +282,17 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--compose-project", default=None, help=argparse.SUPPRESS)
     run_parser.add_argument("agent", nargs=argparse.REMAINDER, help="-- AGENT-COMMAND...")
     run_parser.set_defaults(handler=_cmd_run)
+
+    compose = sub.add_parser("compose", help="stage and write the compose project")
+    _add_run_options(compose)
+    compose.add_argument("--out", required=True, help="directory for docker-compose.yml")
+    compose.add_argument("--project", default=None, help="compose project name")
+    compose.add_argument("--up", action="store_true", help="also run docker-compose up -d")
+    compose.set_defaults(handler=_cmd_compose)
+
+    down = sub.add_parser("compose-down", help="stop the compose project and delete its state")
+    down.add_argument("--out", required=True, help="the directory given to compose --out")
+    down.set_defaults(handler=_cmd_compose_down)
     return parser
 
 

@@ -260,15 +260,25 @@ def compose_document(
 
 
 def write_compose_file(path: Path, document: Mapping[str, Any], paths: RunPaths) -> None:
-    """Write the compose file (JSON is YAML) and open the socket dir to the agent's group."""
+    """Write the compose file (JSON is YAML) and give the socket to the agent's group.
+
+    The socket directory becomes ``root:65534`` 0770 and the broker config's
+    ``socketGid`` 65534, so the broker creates the socket ``root:65534`` 0660:
+    the agent service (uid/gid 65534) can connect, nobody else can.
+    """
+    from .outputs import write_json_private
+
     path.write_text(json.dumps(document, indent=2) + "\n")
     os.chown(paths.socket_dir, 0, AGENT_UID)
     os.chmod(paths.socket_dir, 0o770)
+    broker_config = json.loads(paths.broker_config.read_text())
+    broker_config["socketGid"] = AGENT_UID
+    write_json_private(paths.broker_config, broker_config)
 
 
 def compose_command(project: str, compose_file: Path, *args: str) -> list[str]:
     """``docker-compose -p PROJECT -f FILE ARGS...``."""
-    return ["docker-compose", "--no-ansi", "-p", project, "-f", str(compose_file), *args]
+    return ["docker-compose", "-p", project, "-f", str(compose_file), *args]
 
 
 def _compose_env(docker_host: str) -> dict[str, str]:

@@ -65,8 +65,11 @@ from .summary import render_summary, usage_from_state
 __all__ = [
     "EXIT_HARNESS",
     "BrokerHandle",
+    "PreparedRun",
     "RunOptions",
     "agent_environment",
+    "prepare",
+    "reconcile_containers",
     "run",
 ]
 
@@ -156,7 +159,8 @@ def _problems_event(sink: EventSink, event: str, problems: Sequence[Problem]) ->
         sink.emit(event, location=problem.location, message=problem.message, hint=problem.hint)
 
 
-def _reconcile_containers(docker_host: str, run_id: str) -> int:
+def reconcile_containers(docker_host: str, run_id: str) -> int:
+    """Force-remove every query container labelled with ``run_id``; return the count."""
     import docker
 
     client = docker.DockerClient(base_url=docker_host, timeout=60)
@@ -270,6 +274,36 @@ async def _start_child_broker(
 BrokerStarter = Callable[[RunOptions, RunPaths, Mapping[str, str]], Any]
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedRun:
+    """A staged run: roots written, broker not started."""
+
+    run_id: str
+    paths: RunPaths
+    config: BoundedQueriesConfig
+    docker_host: str
+
+
+async def prepare(
+    options: RunOptions, loaded: LoadedConfig, env: Mapping[str, str], sink: EventSink
+) -> PreparedRun | None:
+    """Preflight, staging and outputs without a broker (``compose``).
+
+    Returns None after a reported failure, having removed what it created.
+    """
+    state = _RunState(config=loaded.config)
+    try:
+        ok = await _prepare(options, loaded, env, state, sink)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await _remove_roots(state, sink)
+        raise
+    if not ok or state.paths is None:
+        await _remove_roots(state, sink)
+        return None
+    return PreparedRun(state.run_id, state.paths, loaded.config, state.docker_host)
+
+
 async def _prepare(
     options: RunOptions,
     loaded: LoadedConfig,
@@ -349,7 +383,7 @@ async def _reconcile(state: _RunState, sink: EventSink) -> None:
         return
     try:
         removed = await trio.to_thread.run_sync(
-            _reconcile_containers, state.docker_host, state.run_id
+            reconcile_containers, state.docker_host, state.run_id
         )
     except Exception as exc:
         state.degraded_notes.append(f"container reconciliation failed ({exc.__class__.__name__})")
@@ -425,6 +459,12 @@ async def run(
         return EXIT_HARNESS
     for warning in loaded.warnings:
         sink.emit("config_warning", message=warning)
+    sink.emit(
+        "config_loaded",
+        enabled=loaded.config.enabled,
+        repos=list(loaded.config.slugs),
+        runtime=loaded.config.runtime,
+    )
     if not loaded.config.enabled:
         sink.emit("bounded_queries_disabled")
         status = await _run_agent_only(options, env, sink)

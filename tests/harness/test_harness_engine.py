@@ -1,0 +1,223 @@
+"""End to end with the real engine: ``run`` and ``compose`` (spec 14.6-14.8).
+
+``run``: the repository is staged from the local git HTTP server with basic
+auth (the askpass path), the real ``bounded-query-broker`` starts with the
+docker runtime, an agent asks through the wrapper, everything is torn down.
+``compose``: the broker image is built without a registry, ``docker-compose
+up`` starts the broker service and the example agent service, a query runs
+from inside the agent service, ``compose-down`` removes everything.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.harness.__main__ import main
+from bounded_query.harness.compose import HARNESS_LABEL
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.run import RunOptions, run
+
+from tests.harness.bq_harness_helpers import (
+    GitHttpServer,
+    make_repo,
+    publish,
+    var_tmp_base,
+)
+
+pytestmark = pytest.mark.engine
+
+QUERY_IMAGE = "bounded-query-python:latest"
+SCRIPT = (
+    "import json, os, subprocess\n"
+    "n = int(subprocess.run(['git', '-C', '/query/repo', 'rev-list', '--count', 'HEAD'],\n"
+    "                       capture_output=True, text=True).stdout)\n"
+    "json.dump({'readme': os.path.exists('/query/repo/README.md'), 'commits': n},\n"
+    "          open('/query/out', 'w'))\n"
+)
+SCHEMA = {
+    "type": "object",
+    "fields": {
+        "readme": {"type": "boolean"},
+        "commits": {"type": "integer", "minimum": 0, "maximum": 15},
+    },
+}
+AGENT = r"""
+import json, os, subprocess, sys
+schema, script, out = sys.argv[1], sys.argv[2], sys.argv[3]
+answers = []
+for repo in ("octo/alpha", "octo/alpha", "octo/alpha"):
+    done = subprocess.run(["bounded-query", "--repo", repo, "--schema", schema],
+                          input=open(script, "rb").read(), capture_output=True, check=True)
+    answers.append(done.stdout.decode())
+json.dump({"answers": answers, "env": sorted(os.environ)}, open(out, "w"))
+"""
+
+
+@pytest.fixture
+def engine(docker_client):
+    try:
+        docker_client.images.get(QUERY_IMAGE)
+    except Exception:
+        pytest.fail(f"{QUERY_IMAGE} is missing: run `make images`")
+    return docker_client
+
+
+def leftover(client, label: str, value: str) -> list[str]:
+    found = client.containers.list(all=True, filters={"label": f"{label}={value}"})
+    return [c.name for c in found]
+
+
+async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, tmp_path):
+    token = "tok-" + secrets.token_hex(16)
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hello\n"}, commits=3)
+    served = tmp_path / "served"
+    publish(source, served, "octo/alpha")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "boundedQueries:\n  enabled: true\n  privateRepos:\n"
+        "    - {repo: octo/alpha, sensitivity: confidential}\n"
+    )
+    (tmp_path / "script.py").write_text(SCRIPT)
+    (tmp_path / "agent.py").write_text(AGENT)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    stream = io.StringIO()
+    with var_tmp_base() as base, GitHttpServer(served, token) as server:
+        env = {
+            "PATH": os.environ["PATH"],
+            "GH_TOKEN": token,
+            "GITHUB_SERVER_URL": server.url,
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        }
+        options = RunOptions(
+            config_source=str(config),
+            agent=(
+                sys.executable,
+                str(tmp_path / "agent.py"),
+                json.dumps(SCHEMA),
+                str(tmp_path / "script.py"),
+                str(tmp_path / "report.json"),
+            ),
+            workspace=workspace,
+            base=base,
+        )
+        status = await run(options, EventSink(stream), env)
+        assert list(base.iterdir()) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert status == 0, events
+    assert not server.token_seen_in_cmdline
+    assert token not in stream.getvalue()
+    report = json.loads((tmp_path / "report.json").read_text())
+    # confidential = 8 bits: the first question costs 1 + 5 + 3 = 9 > 8 -> refused.
+    # So use the ledger as the oracle: every answer is the canonical error.
+    assert report["answers"] == ['{"status":"error"}\n'] * 3
+    assert "GH_TOKEN" not in report["env"]
+    run_id = next(e for e in events if e["event"] == "config_loaded")
+    assert run_id
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| `octo/alpha` | confidential | 8 | 0 | 0 |" in summary
+    assert "Refused before launch (any repository): 3" in summary
+
+
+async def test_run_answers_and_drains_the_ledger(engine, tmp_path):
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hello\n"}, commits=3)
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"boundedQueries": {"enabled": True, "privateRepos": [
+                {"repo": "octo/alpha", "sensitivity": "internal"}]}}
+        )
+    )
+    (tmp_path / "script.py").write_text(SCRIPT)
+    (tmp_path / "agent.py").write_text(AGENT)
+    stream = io.StringIO()
+    with var_tmp_base() as base:
+        options = RunOptions(
+            config_source=str(config),
+            agent=(
+                sys.executable,
+                str(tmp_path / "agent.py"),
+                json.dumps(SCHEMA),
+                str(tmp_path / "script.py"),
+                str(tmp_path / "report.json"),
+            ),
+            seed_sources={"octo/alpha": source},
+            workspace=tmp_path,
+            base=base,
+        )
+        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]})
+        assert list(base.iterdir()) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert status == 0, events
+    report = json.loads((tmp_path / "report.json").read_text())
+    ok = '{"status":"ok","result":{"readme":true,"commits":3}}\n'
+    assert report["answers"] == [ok, ok, ok]
+    usage = next(e for e in events if e["event"] == "repo_usage")
+    assert usage["spent"] == 27  # three times 1 + ceil(log2(32)) + 3 = 9
+    assert usage["invocations"] == 3
+    assert sum(usage["buckets"].values()) == 3
+
+
+def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypatch, capsys):
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hello\n"}, commits=2)
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"boundedQueries": {"enabled": True, "privateRepos": [
+                {"repo": "octo/alpha", "sensitivity": "internal"}]}}
+        )
+    )
+    out = tmp_path / "compose"
+    monkeypatch.chdir(tmp_path)
+    with var_tmp_base() as base:
+        status = main(
+            [
+                "compose", "--config", str(config), "--seed-source", f"octo/alpha={source}",
+                "--out", str(out), "--state-base", str(base), "--up",
+            ]
+        )
+        printed, err = capsys.readouterr()
+        assert status == 0, err
+        state = json.loads(printed)
+        try:
+            compose = ["docker-compose", "-p", state["project"], "-f",
+                       state["composeFile"]]
+            document = json.loads(Path(state["composeFile"]).read_text())
+            agent = document["services"]["agent"]
+            assert agent["network_mode"] == "none"
+            assert len(agent["volumes"]) == 2
+            assert agent["volumes"][1].endswith(":ro")
+            broker = document["services"]["bounded-query-broker"]
+            assert broker["network_mode"] == "none"
+            assert broker["restart"] == "unless-stopped"
+            assert any(v.endswith("/seeds:ro") for v in broker["volumes"])
+            done = subprocess.run(
+                [*compose, "exec", "-T", "agent", "bounded-query", "--repo", "octo/alpha",
+                 "--schema", json.dumps(SCHEMA)],
+                input=SCRIPT.encode(), capture_output=True, check=False, timeout=120,
+            )
+            assert done.stdout == b'{"status":"ok","result":{"readme":true,"commits":2}}\n', (
+                done.stderr
+            )
+            env = subprocess.run(
+                [*compose, "exec", "-T", "agent", "env"], capture_output=True, text=True,
+                check=True, timeout=60,
+            ).stdout
+            assert "AWF_BOUNDED_QUERY_REPOS=octo/alpha" in env
+            assert "TOKEN" not in env
+        finally:
+            assert main(["compose-down", "--out", str(out)]) == 0
+        assert leftover(engine, HARNESS_LABEL, state["runId"]) == []
+        assert leftover(engine, LABEL_RUN, state["runId"]) == []
+        assert list(base.iterdir()) == []
