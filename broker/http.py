@@ -140,6 +140,8 @@ async def read_request(
     lowered = [(name.lower(), value) for name, value in headers]
     if any(name == b"transfer-encoding" for name, _ in lowered):
         raise HttpReject("http-chunked-body")
+    if any(name == b"upgrade" for name, _ in lowered):
+        raise HttpReject("http-upgrade")
     length = _content_length(lowered)
     if length is not None and length > max_body:
         raise HttpReject("http-body-too-large")

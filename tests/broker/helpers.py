@@ -97,6 +97,7 @@ async def exchange(path: Path | str, data: bytes, *, limit_s: float = 30.0) -> b
         async with stream:
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(data)
+                await stream.send_eof()
             chunks = []
             while True:
                 try:
