@@ -240,6 +240,12 @@ def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
     return 0 if done.returncode == 0 else 1
 
 
+def _cmd_demo(_args: argparse.Namespace, _sink: EventSink) -> int:
+    from .demo import demo
+
+    return demo()
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="configuration file, or - for stdin")
     parser.add_argument(
@@ -293,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     down = sub.add_parser("compose-down", help="stop the compose project and delete its state")
     down.add_argument("--out", required=True, help="the directory given to compose --out")
     down.set_defaults(handler=_cmd_compose_down)
+
+    demo = sub.add_parser("demo", help="the built-in example end to end")
+    demo.set_defaults(handler=_cmd_demo)
     return parser
 
 

@@ -221,3 +221,17 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
         assert leftover(engine, HARNESS_LABEL, state["runId"]) == []
         assert leftover(engine, LABEL_RUN, state["runId"]) == []
         assert list(base.iterdir()) == []
+
+
+def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
+    from bounded_query.harness.demo import demo
+
+    status = demo({"PATH": os.environ["PATH"]})
+    out = capfd.readouterr().out
+    assert status == 0, out
+    for kind in ("const", "boolean", "enum", "integer", "object", "tuple", "array", "union"):
+        assert f"\n{kind:8} " in out
+    assert out.count('{"status":"ok"') == 9
+    assert "<- refused: 14 bits > 9 left" in out
+    assert "a boolean question -> {\"status\":\"error\"}" in out
+    assert "| `example/widgets` | internal | 64 | 60 | 9 |" in out

@@ -148,3 +148,12 @@ def test_cost_tool_in_wrapper_dir_runs_standalone_with_the_shipped_protocol(path
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["chargeBits"] == charge_of(json.loads(schema))[1] == 14
+
+
+def test_example_repo_builds_with_three_commits(tmp_path):
+    from bounded_query.harness.demo import build_example_repo
+
+    head = build_example_repo(tmp_path / "w")
+    assert len(head) == 40
+    assert build_example_repo(tmp_path / "again") == head  # fixed dates: reproducible
+    assert (tmp_path / "w" / "VERSION").read_text() == "2.3.1\n"

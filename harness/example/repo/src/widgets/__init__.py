@@ -1,0 +1,5 @@
+"""widgets: the demo's private example library."""
+
+from .core import Widget, assemble
+
+__all__ = ["Widget", "assemble"]
