@@ -96,10 +96,12 @@ def demo(env: dict[str, str] | None = None) -> int:
             agent=(sys.executable, str(EXAMPLE_DIR / "agent.py")),
             seed_sources={"example/widgets": source, "example/vault": source},
             workspace=workspace,
+            broker_log=log,
         )
         print(f"demo: staging {source} as example/widgets (internal) and example/vault"
               f" (sealed); JSONL events -> {log}\n", flush=True)
-        with log.open("w", encoding="utf-8") as stream:
+        log.write_text("")
+        with log.open("a", encoding="utf-8") as stream:
             sink = EventSink(stream)
             status = trio.run(run, options, sink, {**env, "GITHUB_STEP_SUMMARY": str(summary)})
         if summary.exists():

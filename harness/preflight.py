@@ -27,6 +27,7 @@ from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable, parse
 
 from .config import SLUG_RE, BoundedQueriesConfig, Problem
 from .paths import RunPaths, overlap_problems
+from .staging import StagingError, server_url
 
 __all__ = [
     "DEFAULT_DOCKER_HOST",
@@ -192,6 +193,11 @@ def _source_problems(inputs: PreflightInputs) -> list[Problem]:
             )
     sources = inputs.seed_sources
     remote = [r.repo for r in inputs.config.private_repos if r.repo.lower() not in sources]
+    if remote:
+        try:
+            server_url(inputs.env)
+        except StagingError as exc:
+            problems.append(Problem("GITHUB_SERVER_URL", str(exc), "fix GITHUB_SERVER_URL"))
     if remote and staging_token(inputs.env) is None:
         problems.append(
             Problem(

@@ -99,6 +99,9 @@ class RunOptions:
     ready_timeout: float = READY_TIMEOUT_S
     #: Skip the engine probe (tests with a fake broker only).
     probe_runtime: bool = True
+    #: Append the broker child's stderr (its JSONL diagnostics) here instead
+    #: of the harness's stderr.
+    broker_log: Path | None = None
 
 
 class BrokerHandle(Protocol):
@@ -261,13 +264,22 @@ async def _wait_ready(
 async def _start_child_broker(
     options: RunOptions, paths: RunPaths, env: Mapping[str, str]
 ) -> BrokerHandle:
-    process = await trio.lowlevel.open_process(
-        [*options.broker_command, "--config", str(paths.broker_config)],
-        env=broker_environment(env),
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd="/",
-    )
+    stderr: int | None = None
+    if options.broker_log is not None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        stderr = os.open(options.broker_log, flags, 0o600)
+    try:
+        process = await trio.lowlevel.open_process(
+            [*options.broker_command, "--config", str(paths.broker_config)],
+            env=broker_environment(env),
+            stdin=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            cwd="/",
+        )
+    finally:
+        if stderr is not None:
+            os.close(stderr)
     return _ChildBroker(process)
 
 

@@ -1,0 +1,168 @@
+"""Events, step summary, environments and command-line parsing (seed 000 5.3, 5.4, 8.5)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from bounded_query.broker.audit import AuditRecord, format_record
+from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, encode_record
+from bounded_query.harness.__main__ import UsageError, main, parse_seed_sources
+from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.events import EventSink, append_step_summary
+from bounded_query.harness.paths import RunPaths
+from bounded_query.harness.preflight import PreflightInputs, static_problems
+from bounded_query.harness.run import agent_environment, broker_environment
+from bounded_query.harness.summary import render_summary, usage_from_state
+
+REPOS = [("octo/alpha", "internal"), ("octo/docs", "public"), ("octo/vault", "sealed")]
+
+
+def journal_bytes() -> bytes:
+    records = [
+        Header("ab" * 8),
+        Admitted("01", repo="Octo/Alpha", charge=5),
+        Debit("01", "Octo/Alpha", 5),
+        Outcome("01", "ok"),
+        Admitted("02", repo="octo/alpha", charge=14),
+        Debit("02", "octo/alpha", 14),
+        Outcome("02", "error", "query-timeout"),
+        Admitted("03", rejection="bit-budget-exhausted"),
+        Admitted("04", repo="octo/docs", charge=9),
+        Debit("04", "octo/docs", 0),
+        Outcome("04", "ok"),
+    ]
+    return b"".join(encode_record(r) for r in records)
+
+
+def audit_bytes() -> bytes:
+    return b"".join(
+        format_record(r)
+        for r in [
+            AuditRecord("01", "ok", "internal", 5, 1000),
+            AuditRecord("02", "query-timeout", "internal", 14, 60000),
+            AuditRecord("03", "bit-budget-exhausted"),
+            AuditRecord("04", "ok", "public", 9, 1000),
+        ]
+    ) + b"not json\n"
+
+
+def test_usage_joins_journal_and_audit_per_repository():
+    usage = usage_from_state(REPOS, journal_bytes(), audit_bytes())
+    alpha, docs, vault = usage.repos
+    assert (alpha.spent_bits, alpha.invocations) == (19, 2)
+    assert alpha.buckets == {1000: 1, 60000: 1}
+    assert alpha.outcomes == {"ok": 1, "query-timeout": 1}
+    assert (docs.spent_bits, docs.invocations, docs.budget) == (0, 1, None)
+    assert (vault.spent_bits, vault.invocations, vault.budget) == (0, 0, 0)
+    assert usage.refused == 1
+    assert usage.refusals == {"bit-budget-exhausted": 1}
+    assert usage.notes == ()
+
+
+def test_summary_table_and_degraded_notice():
+    usage = usage_from_state(REPOS, journal_bytes(), audit_bytes())
+    text = render_summary(usage, exit_code=3, runtime="gvisor", degraded=["step: x|y"])
+    assert text.startswith("## Bounded queries — runtime `gvisor`, exit 3")
+    assert "> **Degraded mode**" in text
+    assert "> - step: x\\|y" in text
+    row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
+    assert row in text
+    assert "| `octo/docs` | public | unmetered | 0 | 1 |" in text
+    assert "| **Total** | | | **19** | **3** | | |" in text
+    assert "Refused before launch (any repository): 1 (bit-budget-exhausted: 1)." in text
+    clean = render_summary(usage, exit_code=0, runtime="docker")
+    assert "Degraded" not in clean
+
+
+def test_missing_or_corrupt_state_is_a_visible_degradation():
+    usage = usage_from_state(REPOS, None, None)
+    assert len(usage.notes) == 2
+    assert "Degraded mode" in render_summary(usage, exit_code=0, runtime="docker")
+    corrupt = journal_bytes()[:20] + b"\xff" * 8 + journal_bytes()[28:]
+    assert "unreadable" in usage_from_state(REPOS, corrupt, b"").notes[0]
+
+
+def test_events_are_jsonl_with_timestamps():
+    stream = io.StringIO()
+    sink = EventSink(stream, clock=lambda: 0.0)
+    sink.emit("x", a=1, path=Path("/p"))
+    assert json.loads(stream.getvalue()) == {
+        "event": "x",
+        "ts": "1970-01-01T00:00:00.000Z",
+        "a": 1,
+        "path": "/p",
+    }
+
+
+def test_broken_event_stream_never_raises_and_is_recorded():
+    stream = io.StringIO()
+    stream.close()
+    sink = EventSink(stream)
+    sink.emit("x")
+    assert sink.degraded == ["event stream (stderr) failed; some JSONL events are missing"]
+
+
+def test_step_summary_append_and_failure(tmp_path):
+    sink = EventSink(io.StringIO())
+    target = tmp_path / "s.md"
+    assert append_step_summary(str(target), "a", sink)
+    assert append_step_summary(str(target), "b\n", sink)
+    assert target.read_text() == "a\nb\n"
+    assert not append_step_summary(None, "x", sink)
+    assert not append_step_summary(str(tmp_path / "no" / "dir.md"), "x", sink)
+    assert sink.degraded[0].startswith("step summary: cannot write")
+
+
+def test_agent_environment_removes_tokens_and_adds_three_variables():
+    paths = RunPaths(Path("/var/tmp/p"), Path("/var/tmp/i"))
+    config = BoundedQueriesConfig(
+        enabled=True,
+        private_repos=(PrivateRepo("o/a", "internal"), PrivateRepo("o/b", "sealed")),
+    )
+    env = agent_environment(
+        {"GH_TOKEN": "x", "GITHUB_TOKEN": "y", "PATH": "/usr/bin", "KEEP": "1"}, paths, config
+    )
+    assert "GH_TOKEN" not in env
+    assert "GITHUB_TOKEN" not in env
+    assert env["KEEP"] == "1"
+    assert env["AWF_BOUNDED_QUERY_SOCKET"] == "/var/tmp/i/run/broker.sock"
+    assert env["AWF_BOUNDED_QUERY_SKILL"] == "/var/tmp/i/skill/SKILL.md"
+    assert env["AWF_BOUNDED_QUERY_REPOS"] == "o/a,o/b"
+    assert env["PATH"] == "/var/tmp/i/skill/bin:/usr/bin"
+
+
+def test_broker_environment_is_minimal_and_credential_free():
+    env = broker_environment({"PATH": "/bin", "GH_TOKEN": "x", "HOME": "/root", "LANG": "C"})
+    assert env == {"PATH": "/bin", "LANG": "C"}
+
+
+def test_seed_source_parsing():
+    parsed = parse_seed_sources(["Octo/Alpha=/x", "o/b=rel"])
+    assert parsed["octo/alpha"] == Path("/x")
+    assert parsed["o/b"].is_absolute()
+    for bad in (["o/a"], ["o/a="], ["o/a/b=/x"], ["o/a=/x", "O/A=/y"], ["o/a\n=/x"]):
+        with pytest.raises(UsageError):
+            parse_seed_sources(bad)
+
+
+def test_unsafe_server_url_fails_preflight(tmp_path):
+    config = BoundedQueriesConfig(enabled=True, private_repos=(PrivateRepo("o/a", "internal"),))
+    inputs = PreflightInputs(
+        config=config,
+        paths=RunPaths(tmp_path / "p", tmp_path / "i"),
+        env={"GH_TOKEN": "t", "GITHUB_SERVER_URL": "https://u:p@host", "DOCKER_HOST": "tcp://x"},
+    )
+    locations = sorted(p.location for p in static_problems(inputs))
+    assert locations == ["DOCKER_HOST", "GITHUB_SERVER_URL"]
+
+
+def test_run_usage_errors_exit_2(tmp_path, capsys):
+    config = tmp_path / "c.json"
+    config.write_text("{}")
+    assert main(["run", "--config", str(config)]) == 2
+    assert main(["run", "--config", str(config), "--seed-source", "bad", "--", "true"]) == 2
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [e["event"] for e in events] == ["usage_error", "usage_error"]
