@@ -201,6 +201,9 @@ class BrokerServer:
             OSError: the private root or socket path is unusable.
         """
         config = self.config
+        # A readiness file left by a killed predecessor must not announce us.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(config.ready_path)
         journal, ledger, recovery = await trio.to_thread.run_sync(recover, config)
         self.recovery = recovery
         audit = AuditLog(config.audit_path)
