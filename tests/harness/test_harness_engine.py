@@ -235,3 +235,43 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
     assert "<- refused: 14 bits > 9 left" in out
     assert "a boolean question -> {\"status\":\"error\"}" in out
     assert "| `example/widgets` | internal | 64 | 60 | 9 |" in out
+
+
+@pytest.mark.parametrize("mode", ["gvisor", "compose"])
+async def test_run_with_gvisor_or_compose_broker(engine, tmp_path, mode):
+    from bounded_query.harness.compose import compose_broker_starter
+
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hello\n"}, commits=1)
+    section = {"enabled": True, "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    if mode == "gvisor":
+        section["runtime"] = "gvisor"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"boundedQueries": section}))
+    (tmp_path / "script.py").write_text(SCRIPT)
+    (tmp_path / "agent.py").write_text(AGENT)
+    stream = io.StringIO()
+    with var_tmp_base() as base:
+        options = RunOptions(
+            config_source=str(config),
+            agent=(
+                sys.executable,
+                str(tmp_path / "agent.py"),
+                json.dumps(SCHEMA),
+                str(tmp_path / "script.py"),
+                str(tmp_path / "report.json"),
+            ),
+            seed_sources={"octo/alpha": source},
+            workspace=tmp_path,
+            base=base,
+        )
+        starter = compose_broker_starter(None) if mode == "compose" else None
+        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
+        assert list(base.iterdir()) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert status == 0, events
+    ok = '{"status":"ok","result":{"readme":true,"commits":1}}\n'
+    assert json.loads((tmp_path / "report.json").read_text())["answers"] == [ok] * 3
+    run_id_events = [e for e in events if e["event"] == "preflight_passed"]
+    assert run_id_events[0]["runtime"] == section.get("runtime", "docker")
+    assert engine.containers.list(all=True, filters={"label": HARNESS_LABEL}) == []
