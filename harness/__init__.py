@@ -1,1 +1,35 @@
-"""harness"""
+"""Host-side harness for AWF bounded queries (spec 14.2, 14.6, 14.8).
+
+Module map (the file list reads as the pipeline):
+
+* ``config``     load JSON/YAML/stdin, validate ``boundedQueries`` with the
+                 shipped JSON Schema, normalize (14.2)
+* ``paths``      private root and ingress root, overlap check (14.8)
+* ``preflight``  fail-closed checks before any clone (14.2)
+* ``staging``    offline staging: askpass clone, scrub, read-only seeds (14.6)
+* ``skill``      SKILL.md with protocol-computed charges (14.8)
+* ``outputs``    seed map, broker config, wrapper directory (14.6, 14.8)
+* ``run``        broker child, readiness, agent, teardown (exit codes, events)
+* ``summary``    per-repository usage and the step summary
+* ``events``     JSONL events on stderr, GITHUB_STEP_SUMMARY
+* ``compose``    registry-free broker image and the compose service (14.7)
+* ``demo``       the built-in example end to end
+"""
+
+from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, PrivateRepo, load_config
+from .events import EventSink
+from .paths import RunPaths, run_paths
+from .run import RunOptions, run
+
+__all__ = [
+    "BoundedQueriesConfig",
+    "ConfigError",
+    "EventSink",
+    "LoadedConfig",
+    "PrivateRepo",
+    "RunOptions",
+    "RunPaths",
+    "load_config",
+    "run",
+    "run_paths",
+]
