@@ -313,7 +313,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse usage errors exit 2 already
         return int(exc.code) if isinstance(exc.code, int) else EXIT_HARNESS
     sink = EventSink()
-    status: int = args.handler(args, sink)
+    try:
+        status: int = args.handler(args, sink)
+    except KeyboardInterrupt:
+        sink.emit("run_end", status=130, phase="interrupted")
+        return 130
+    except Exception as exc:  # a harness bug or an unexpected local failure
+        sink.emit("harness_internal_error", error=exc.__class__.__name__, message=str(exc)[:500])
+        return EXIT_HARNESS
     return status
 
 
