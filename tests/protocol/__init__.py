@@ -1,0 +1,1 @@
+"""Protocol core tests (issue #2)."""
