@@ -35,6 +35,7 @@ __all__ = ["NumberToken", "strict_parse_json"]
 #: Digits of the largest safe integer (9007199254740991).
 _MAX_INT_DIGITS = 16
 
+_WS_CHARS = " \t\n\r"
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 _STRING_RUN = re.compile(r'[^"\\\x00-\x1f]*')
@@ -59,23 +60,28 @@ class NumberToken:
 
 
 class _Parser:
-    """One parse over one decoded document."""
+    """One parse over one decoded document.
+
+    The text carries a NUL sentinel after its last character (``n`` is the
+    sentinel's index), so ``s[i]`` never runs off the end: NUL is invalid
+    everywhere in JSON, so reaching it is an error like any other.
+    """
 
     __slots__ = ("max_depth", "n", "s")
 
-    def __init__(self, s: str, max_depth: int) -> None:
-        self.s = s
-        self.n = len(s)
+    def __init__(self, text: str, max_depth: int) -> None:
+        self.s = text + "\x00"
+        self.n = len(text)
         self.max_depth = max_depth
 
     def fail(self, what: str, i: int) -> JSONError:
+        if i >= self.n:
+            what = "unexpected end of input"
         return JSONError(f"json: {what} at offset {i}")
 
     def value(self, i: int, depth: int) -> tuple[object, int]:
         """Parse the value starting at ``i`` (no leading whitespace)."""
         s = self.s
-        if i >= self.n:
-            raise self.fail("unexpected end of input", i)
         c = s[i]
         if c == '"':
             return self.string(i + 1)
@@ -83,70 +89,61 @@ class _Parser:
             return self.obj(i + 1, depth + 1)
         if c == "[":
             return self.array(i + 1, depth + 1)
+        if c == "-" or "0" <= c <= "9":
+            m = _NUMBER.match(s, i)
+            if m is None:
+                raise self.fail("malformed number", i)
+            return _number(m), m.end()
         if c == "t" and s.startswith("true", i):
             return True, i + 4
         if c == "f" and s.startswith("false", i):
             return False, i + 5
         if c == "n" and s.startswith("null", i):
             return None, i + 4
-        if c == "-" or "0" <= c <= "9":
-            return self.number(i)
         raise self.fail("unexpected character", i)
-
-    def number(self, i: int) -> tuple[object, int]:
-        m = _NUMBER.match(self.s, i)
-        if m is None:
-            raise self.fail("malformed number", i)
-        text = m.group()
-        end = m.end()
-        if m.group(1) is not None or m.group(2) is not None or text == "-0":
-            return NumberToken(text), end
-        digits = len(text) - (text[0] == "-")
-        if digits > _MAX_INT_DIGITS:
-            return NumberToken(text), end
-        return int(text), end
 
     def string(self, i: int) -> tuple[str, int]:
         """Parse a string body starting just after its opening quote."""
-        s, n = self.s, self.n
+        s = self.s
+        m = _STRING_RUN.match(s, i)
+        assert m is not None  # the pattern matches the empty string
+        j = m.end()
+        if s[j] == '"':  # fast path: no escapes
+            return s[i:j], j + 1
         parts: list[str] = []
         while True:
-            m = _STRING_RUN.match(s, i)
-            assert m is not None  # the pattern matches the empty string
-            j = m.end()
             if j > i:
                 parts.append(s[i:j])
-            if j >= n:
-                raise self.fail("unterminated string", j)
             c = s[j]
             if c == '"':
                 return "".join(parts), j + 1
             if c != "\\":
                 raise self.fail("unescaped control character in string", j)
-            if j + 1 >= n:
-                raise self.fail("unterminated escape", j)
             e = s[j + 1]
             simple = _SIMPLE_ESCAPES.get(e)
             if simple is not None:
                 parts.append(simple)
                 i = j + 2
-                continue
-            if e != "u":
-                raise self.fail("invalid escape", j)
-            cp = self.hex4(j + 2)
-            if 0xDC00 <= cp <= 0xDFFF:
-                raise self.fail("lone low surrogate escape", j)
-            if 0xD800 <= cp <= 0xDBFF:
-                if not s.startswith("\\u", j + 6):
-                    raise self.fail("lone high surrogate escape", j)
-                low = self.hex4(j + 8)
-                if not 0xDC00 <= low <= 0xDFFF:
-                    raise self.fail("lone high surrogate escape", j)
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
-                i = j + 12
+            elif e != "u":
+                raise self.fail("invalid escape", j + 1)
             else:
-                i = j + 6
-            parts.append(chr(cp))
+                cp = self.hex4(j + 2)
+                if 0xDC00 <= cp <= 0xDFFF:
+                    raise self.fail("lone low surrogate escape", j)
+                if 0xD800 <= cp <= 0xDBFF:
+                    if not s.startswith("\\u", j + 6):
+                        raise self.fail("lone high surrogate escape", j)
+                    low = self.hex4(j + 8)
+                    if not 0xDC00 <= low <= 0xDFFF:
+                        raise self.fail("lone high surrogate escape", j)
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
+                    i = j + 12
+                else:
+                    i = j + 6
+                parts.append(chr(cp))
+            m = _STRING_RUN.match(s, i)
+            assert m is not None
+            j = m.end()
 
     def hex4(self, i: int) -> int:
         if _HEX4.fullmatch(self.s, i, i + 4) is None:
@@ -154,55 +151,76 @@ class _Parser:
         return int(self.s[i : i + 4], 16)
 
     def ws(self, i: int) -> int:
-        m = _WS.match(self.s, i)
-        assert m is not None  # the pattern matches the empty string
-        return m.end()
+        """Skip JSON whitespace (only space, tab, LF, CR) from ``i``."""
+        if self.s[i] in _WS_CHARS:
+            m = _WS.match(self.s, i)
+            assert m is not None  # the pattern matches the empty string
+            return m.end()
+        return i
 
     def obj(self, i: int, depth: int) -> tuple[dict[str, object], int]:
         if depth > self.max_depth:
             raise self.fail("nesting too deep", i)
         s = self.s
+        ws = self.ws
         result: dict[str, object] = {}
-        i = self.ws(i)
-        if i < self.n and s[i] == "}":
+        i = ws(i)
+        if s[i] == "}":
             return result, i + 1
         while True:
-            if i >= self.n or s[i] != '"':
+            if s[i] != '"':
                 raise self.fail("expected a string key", i)
             key, i = self.string(i + 1)
             if key in result:
                 raise self.fail("duplicate object key", i)
-            i = self.ws(i)
-            if i >= self.n or s[i] != ":":
+            i = ws(i)
+            if s[i] != ":":
                 raise self.fail("expected ':'", i)
-            i = self.ws(i + 1)
+            i = ws(i + 1)
             result[key], i = self.value(i, depth)
-            i = self.ws(i)
-            if i < self.n and s[i] == ",":
-                i = self.ws(i + 1)
-                continue
-            if i < self.n and s[i] == "}":
+            i = ws(i)
+            c = s[i]
+            if c == ",":
+                i = ws(i + 1)
+            elif c == "}":
                 return result, i + 1
-            raise self.fail("expected ',' or '}'", i)
+            else:
+                raise self.fail("expected ',' or '}'", i)
 
     def array(self, i: int, depth: int) -> tuple[list[object], int]:
         if depth > self.max_depth:
             raise self.fail("nesting too deep", i)
         s = self.s
+        ws = self.ws
+        value = self.value
         result: list[object] = []
-        i = self.ws(i)
-        if i < self.n and s[i] == "]":
+        append = result.append
+        i = ws(i)
+        if s[i] == "]":
             return result, i + 1
         while True:
-            item, i = self.value(i, depth)
-            result.append(item)
-            i = self.ws(i)
-            if i < self.n and s[i] == ",":
-                i = self.ws(i + 1)
-                continue
-            if i < self.n and s[i] == "]":
+            item, i = value(i, depth)
+            append(item)
+            c = s[i]
+            if c in _WS_CHARS:
+                i = ws(i)
+                c = s[i]
+            if c == ",":
+                i = ws(i + 1)
+            elif c == "]":
                 return result, i + 1
-            raise self.fail("expected ',' or ']'", i)
+            else:
+                raise self.fail("expected ',' or ']'", i)
+
+
+def _number(m: re.Match[str]) -> object:
+    """An ``int`` for a plain integer token of at most 16 digits, else a NumberToken."""
+    text = m.group()
+    if m.lastindex is not None or text == "-0":  # a fraction or an exponent
+        return NumberToken(text)
+    if len(text) - (text[0] == "-") > _MAX_INT_DIGITS:
+        return NumberToken(text)
+    return int(text)
 
 
 def strict_parse_json(
@@ -229,9 +247,8 @@ def strict_parse_json(
     except UnicodeDecodeError as exc:
         raise JSONError(f"json: invalid UTF-8 at offset {exc.start}") from None
     parser = _Parser(text, max_depth)
-    i = parser.ws(0)
-    value, i = parser.value(i, 0)
+    value, i = parser.value(parser.ws(0), 0)
     i = parser.ws(i)
     if i != parser.n:
-        raise parser.fail("trailing content", i)
+        raise JSONError(f"json: trailing content at offset {i}")
     return value
