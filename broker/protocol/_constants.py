@@ -85,9 +85,11 @@ SATURATED = SATURATION_LIMIT + 1
 #: Max raw bytes of the query's result file (14.5); larger output is rejected
 #: before it is parsed.
 MAX_RESULT_BYTES = 8192
-#: Max container nesting of a parsed result or schema document. A depth-6
-#: schema whose every level is a union needs 12; 32 leaves room and keeps
-#: the recursive parser far from Python's recursion limit.
+#: Max container nesting of a parsed result or schema document. A conforming
+#: result nests at most MAX_SCHEMA_DEPTH containers (every node, a union's
+#: ``{"tag":..,"value":..}`` wrapper included, adds at most one); a schema
+#: document nests at most 2 * MAX_SCHEMA_DEPTH. 32 leaves room and keeps the
+#: recursive parser far from Python's recursion limit.
 MAX_OUTPUT_DEPTH = 32
 #: Max characters of an ``X-AWF-Schema-B64`` header: canonical unpadded
 #: base64url of MAX_SCHEMA_BYTES bytes (checked before decoding).

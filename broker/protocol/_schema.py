@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from ._constants import (
     MAX_ARRAY_LENGTH,
@@ -290,7 +291,7 @@ class _Walk:
             return ObjectNode(pairs, names), card, f'{{"type":"object","fields":{text}}}'
         if kind == "union":
             pairs, card, text = self.named(obj["variants"], f"{where}.variants", depth, "variants")
-            node = UnionNode(pairs, dict(pairs))
+            node = UnionNode(pairs, MappingProxyType(dict(pairs)))
             return node, card, f'{{"type":"union","variants":{text}}}'
         if kind == "tuple":
             return self.tuple_(obj["items"], where, depth)
