@@ -318,8 +318,11 @@ class JournalFile:
             os.close(fd)
             raise
 
-    def append(self, records: Sequence[Record]) -> None:
-        """Append records in one write and fsync before returning.
+    def append(self, records: Sequence[Record], sync: bool = True) -> None:
+        """Append records in one write and (by default) fsync before returning.
+
+        ``sync=False`` is for records that authorize nothing (outcomes): they
+        reach the disk with the next fsync or the page cache writeback.
 
         Raises:
             OSError: the write or fsync failed; the caller must not act.
@@ -329,7 +332,8 @@ class JournalFile:
         while view:
             written = os.write(self._fd, view)
             view = view[written:]
-        os.fsync(self._fd)
+        if sync:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""
