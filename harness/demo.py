@@ -77,16 +77,7 @@ def demo(env: dict[str, str] | None = None) -> int:
     try:
         source = work / "widgets"
         build_example_repo(source)
-        config = work / "config.yaml"
-        config.write_text(
-            "boundedQueries:\n"
-            "  enabled: true\n"
-            "  privateRepos:\n"
-            "    - {repo: example/widgets, sensitivity: internal}\n"
-            "    - {repo: example/vault, sensitivity: sealed}\n"
-            "  runtime: docker\n"
-            "  timeout: 30\n"
-        )
+        config = EXAMPLE_DIR / "awf-config.yaml"
         workspace = work / "workspace"
         workspace.mkdir()
         summary = work / "summary.md"
