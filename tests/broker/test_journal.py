@@ -211,3 +211,14 @@ def test_file_refuses_symlink(tmp_path: Path):
     link.symlink_to(target)
     with pytest.raises(OSError, match=r"Too many levels|symbolic"):
         JournalFile.open(link, RUN)
+
+
+def test_unsynced_append_is_replayed(tmp_path: Path):
+    path = tmp_path / "journal"
+    journal = JournalFile.open(path, RUN)
+    journal.append([SAMPLE[1], SAMPLE[2], SAMPLE[3]])
+    journal.append([SAMPLE[4]], sync=False)
+    journal.close()
+    again = JournalFile.open(path, RUN)
+    assert again.replayed == (Header(RUN), *SAMPLE[1:5])
+    again.close()

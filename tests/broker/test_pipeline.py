@@ -250,3 +250,15 @@ async def test_socket_and_ready_file_permissions(broker):
     assert (os.stat(broker.socket.parent).st_mode & 0o777) == 0o770
     ready = broker.private / "control" / "ready"
     assert ready.read_text().strip() == str(os.getpid())
+
+
+async def test_journal_failure_fails_closed(broker):
+    service = broker.server.service
+    service.journal.close()  # every later append fails with EBADF
+    response = await exchange(broker.socket, request_bytes("write true"))
+    assert body_of(response) == ERROR
+    assert service.broken
+    response = await exchange(broker.socket, request_bytes("write true"))
+    assert body_of(response) == ERROR
+    assert broker.runner.calls == []
+    assert service.ledger.invocations == 0  # nothing was counted without its record
