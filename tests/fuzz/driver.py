@@ -10,6 +10,14 @@ dictionary of protocol tokens. The campaign fails (exit 1) when a target
 exits non-zero (an unexpected exception, a failed invariant, a libFuzzer
 timeout or memory blow-up: the crashing input is kept under the artifact
 directory) or when the slowest input, re-run alone, takes longer than ``--slow-ms``.
+
+Columns: ``inputs`` executions counted by libFuzzer; ``returned`` / ``own
+error`` the outcomes seen by the target (from its last statistics flush, at
+most half a second behind); ``slowest ms`` the slowest single input as timed
+in the campaign (includes machine noise: GC, other processes) and ``re-run
+ms`` the same input's median over 25 re-runs in a fresh process; ``len`` its
+size; ``>5ms`` how many inputs took longer than 5 ms in the campaign; ``cov``
+libFuzzer's final coverage counter.
 """
 
 from __future__ import annotations
@@ -196,6 +204,7 @@ class Outcome:
     slowest_len: int
     retimed_ms: float
     over_5ms: int
+    coverage: int
     seconds: float
     log: str
 
@@ -250,6 +259,7 @@ def _finish(
         slowest_len=data.get("slowest_len", 0),
         retimed_ms=_retime(target, data.get("slowest_hex", "")),
         over_5ms=data.get("over_5ms", 0),
+        coverage=int(cov[-1]) if (cov := re.findall(r" cov: (\d+)", text)) else 0,
         seconds=seconds,
         log=text,
     )
@@ -303,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     header = (
         f"{'target':<14}{'inputs':>11}{'returned':>10}{'own error':>11}"
-        f"{'slowest ms':>12}{'re-run ms':>11}{'len':>6}{'>5ms':>6}{'wall s':>8}  result"
+        f"{'slowest ms':>12}{'re-run ms':>11}{'len':>6}{'>5ms':>6}{'cov':>6}{'wall s':>8}  result"
     )
     print(header)
     print("-" * len(header))
@@ -316,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         result = "ok" if not bad else ("SLOW" if slow else f"FAIL (exit {o.returncode})")
         print(
             f"{o.target:<14}{o.runs:>11,}{o.ok:>10,}{o.errors:>11,}{o.slowest_ms:>12.3f}"
-            f"{o.retimed_ms:>11.3f}{o.slowest_len:>6}{o.over_5ms:>6}{o.seconds:>8.1f}  {result}"
+            f"{o.retimed_ms:>11.3f}{o.slowest_len:>6}{o.over_5ms:>6}{o.coverage:>6}"
+            f"{o.seconds:>8.1f}  {result}"
         )
     total = sum(o.runs for o in outcomes)
     print(f"{'total':<14}{total:>11,}")

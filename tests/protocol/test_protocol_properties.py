@@ -19,6 +19,8 @@ from bounded_query.broker.protocol import (
     JSONError,
     NumberToken,
     RequestError,
+    SchemaError,
+    canonicalize,
     cardinality,
     ceil_log2,
     charge,
@@ -27,6 +29,7 @@ from bounded_query.broker.protocol import (
     encode_schema_header,
     is_valid_slug,
     json_string,
+    parse_request,
     parse_schema,
     strict_parse_json,
 )
@@ -254,3 +257,70 @@ def _slug_oracle(s: str) -> bool:
 )
 def test_slug_rule_matches_oracle(s: str) -> None:
     assert is_valid_slug(s) == _slug_oracle(s)
+
+
+# --- nothing but our own error (STYLE.md 10), structure-aware ----------------------
+
+_KEYS = st.sampled_from(
+    ["type", "value", "values", "minimum", "maximum", "fields", "items", "length", "variants"]
+) | st.sampled_from(["a", "tag", "__proto__", ""])
+_TYPES = st.sampled_from(
+    ["const", "boolean", "enum", "integer", "object", "tuple", "array", "union", "x"]
+)
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(max_size=70),
+    _TYPES,
+    st.just(NumberToken("1e0")),
+)
+_SCHEMAISH = st.recursive(
+    _SCALARS,
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(_KEYS, children, max_size=4)
+        | st.builds(
+            lambda t, rest: {"type": t, **rest},
+            _TYPES,
+            st.dictionaries(_KEYS, children, max_size=3),
+        )
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_SCHEMAISH)
+def test_parse_schema_raises_only_schema_error(obj: object) -> None:
+    try:
+        parsed = parse_schema(obj)
+    except SchemaError:
+        return
+    assert parse_schema(json.loads(parsed.canonical)) == parsed
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["privateRepo", "schema", "script", "x"]),
+        st.one_of(_SCHEMAISH, st.text(max_size=20), st.sampled_from(["o/r", "o/r\n"])),
+        max_size=4,
+    )
+)
+def test_parse_request_raises_only_request_error(obj: dict[str, object]) -> None:
+    try:
+        request = parse_request(obj)
+    except RequestError:
+        return
+    assert request.private_repo == obj["privateRepo"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(valid_schema_objs(max_depth=3), _SCHEMAISH)
+def test_canonicalize_never_raises(schema: object, value: object) -> None:
+    parsed = parse_schema(schema)
+    result = canonicalize(value, parsed)
+    if result is not None:
+        assert check_output(result.encode(), parsed) == result
