@@ -328,7 +328,8 @@ async def _prepare(
     state.run_id = secrets.token_hex(16)
     state.docker_host = docker_host_from_env(env)
     paths = run_paths(os.getuid(), options.workspace, state.run_id, options.base)
-    visible = (Path("/tmp"), options.workspace, *options.agent_mounts)
+    home = (Path(env["HOME"]),) if env.get("HOME", "").startswith("/") else ()
+    visible = (Path("/tmp"), options.workspace, *home, *options.agent_mounts)
     inputs = PreflightInputs(
         config=config,
         paths=paths,

@@ -22,6 +22,7 @@ from bounded_query.harness import staging
 from bounded_query.harness.config import PrivateRepo
 from bounded_query.harness.paths import run_paths
 from bounded_query.harness.staging import SeedSpec, create_private_root, remove_tree
+
 from tests.harness.bq_harness_helpers import git, var_tmp_base
 
 

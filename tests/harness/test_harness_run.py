@@ -249,3 +249,14 @@ async def test_signal_is_forwarded_to_the_agent_and_everything_is_torn_down(setu
     names = [e["event"] for e in events_of(stream)]
     assert "signal" in names
     assert names[-1] == "run_end"
+
+
+async def test_private_root_under_the_agents_home_fails_preflight(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    env = {**setup["env"], "HOME": str(setup["base"])}
+    stream = io.StringIO()
+    status = await run(options(setup, config, ("true",)), EventSink(stream), env)
+    assert status == 2
+    errors = [e for e in events_of(stream) if e["event"] == "preflight_error"]
+    assert [e["location"] for e in errors] == ["private root"]
+    assert list(setup["base"].iterdir()) == []
