@@ -41,7 +41,7 @@ from bounded_query.broker.journal import JournalFile, Outcome
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES
 from bounded_query.broker.runner import Runner
-from bounded_query.broker.service import Service, remove_tree
+from bounded_query.broker.service import Service, remove_tree, report_bug
 
 __all__ = [
     "DEFAULT_CONNECTION_CAP",
@@ -288,6 +288,9 @@ class BrokerServer:
                 await send_response(stream, body)
 
             await service.handle(request, send)
+        except Exception as exc:
+            # A bug must cost one connection, never the server.
+            report_bug(exc)
         finally:
             await trio.aclose_forcefully(stream)
             self.active -= 1

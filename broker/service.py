@@ -12,11 +12,13 @@ Inside the lane, in this order:
 4. **charge** the schema and check the balance (nothing is debited for an
    invalid request or an unaffordable charge; ``public`` is unmetered;
    ``sealed`` can never fund the 4-bit minimum);
-5. **journal** ``admitted`` (with the rejection, or with repo + charge and
-   the ``debit``) and fsync -- only then does anything touch a seed;
-6. create the workspace, journal ``launched``, hand the invocation to the
-   runner, read the result file (O_NOFOLLOW, regular, size cap), check it
-   strictly against the schema, remove the workspace, journal the outcome;
+5. **journal** and fsync ``admitted`` with the rejection, or ``admitted``
+   (repo + charge), ``debit`` and ``launched`` in one write -- only then
+   does anything touch a seed;
+6. create the workspace, hand the invocation to the runner, read the result
+   file (O_NOFOLLOW, regular, size cap), check it strictly against the
+   schema, remove the workspace, journal the outcome (unsynced: it
+   authorizes nothing, and a lost outcome replays as ``interrupted``);
 7. **wait for the timing bucket** measured from lane entry, then answer.
 
 Timing policy: *every* answer produced by the lane -- launched invocations
@@ -36,11 +38,13 @@ and answers every later request with the canonical error (fail closed).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import stat
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +76,7 @@ __all__ = [
     "Service",
     "read_result_file",
     "remove_tree",
+    "report_bug",
 ]
 
 #: Spec 14.3.1 boundaries in seconds, from the protocol's normative constant.
@@ -235,6 +240,12 @@ class Service:
         except OSError:
             # A journal write failed: nothing after it happened.
             return Decision(CANONICAL_ERROR_BODY, "journal-failed")
+        except Exception as exc:
+            # A bug of ours: tell the operator (no request data), answer the
+            # canonical error. An invocation left in flight is closed as
+            # interrupted at the next start-up; its debit stands.
+            report_bug(exc)
+            return Decision(CANONICAL_ERROR_BODY, "broker-internal")
 
     async def _reject(self, invocation_id: str, category: str, entry: SeedEntry | None) -> Decision:
         await self._journal([Admitted(invocation_id, rejection=category)])
@@ -306,19 +317,28 @@ class Service:
                     canonical = None if raw is None else check_output(raw, schema)
                     if canonical is None:
                         category = "invalid-output"
-        except BaseException:
-            # Cancelled (shutdown grace expired) or a journal failure while
-            # launching: the invocation is interrupted, never re-run, never
+        except BaseException as exc:
+            # Cancelled (shutdown grace expired) or a bug while checking the
+            # result: the invocation is interrupted, never re-run, never
             # refunded; the workspace must not survive.
+            reason = "shutdown" if isinstance(exc, trio.Cancelled) else "broker-internal"
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(remove_tree, workspace)
                 if not self.broken:
                     with contextlib.suppress(OSError):
-                        await self._journal([Outcome(invocation_id, "interrupted", "shutdown")])
+                        await self._journal([Outcome(invocation_id, "interrupted", reason)])
             raise
         if not await trio.to_thread.run_sync(remove_tree, workspace):
             return "cleanup-failed", None
         return category, canonical
+
+
+def report_bug(exc: BaseException) -> None:
+    """One JSON line on stderr for the operator: where, not what (no request data)."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame else "?"
+    line = {"event": "broker-bug", "type": type(exc).__name__, "where": where}
+    print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
 
 
 def _make_workspace(path: Path) -> None:

@@ -262,3 +262,23 @@ async def test_journal_failure_fails_closed(broker):
     assert body_of(response) == ERROR
     assert broker.runner.calls == []
     assert service.ledger.invocations == 0  # nothing was counted without its record
+
+
+async def test_a_bug_costs_one_answer_not_the_broker(broker, monkeypatch, capfd):
+    import bounded_query.broker.service as service_module
+
+    def broken_check(raw, schema):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(service_module, "check_output", broken_check)
+    response = await exchange(broker.socket, request_bytes("write true"))
+    assert body_of(response) == ERROR
+    assert not any((broker.private / "work").iterdir())
+    err = capfd.readouterr().err
+    assert '"event": "broker-bug"' in err
+    assert "write true" not in err
+    monkeypatch.undo()
+    response = await exchange(broker.socket, request_bytes("write true"))
+    assert body_of(response) == OK_TRUE
+    records = _journal(broker)
+    assert Outcome(records[0].invocation_id, "interrupted", "broker-internal") in records
