@@ -2,9 +2,10 @@
 
 Theory of operation: every fact that authorizes an action is appended to the
 journal and fsync'd *before* the action happens: ``admitted`` before the
-invocation counts (and, for an accepted one, before anything is debited),
-``debit`` before the runner is handed the invocation, ``launched`` before the
-runner starts, ``outcome`` when it is over. The in-memory ledger is derived
+invocation counts, ``debit`` and ``launched`` before the runner is handed the
+invocation (the pipeline writes the three in one fsync'd append), and
+``outcome`` when it is over (unsynced: it authorizes nothing; a lost outcome
+replays as ``interrupted``, which changes no total). The in-memory ledger is derived
 from these records only (``ledger.py``), so a broker killed at any point and
 restarted within the same run keeps every debit and every counted invocation.
 
