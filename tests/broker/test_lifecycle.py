@@ -297,3 +297,20 @@ def test_sigkill_during_50_invocations(tmp_path):
         f"\nSIGKILL test: {kills} kills, {answered} answered, {final.invocations} counted, "
         f"{final.spent('octo/internal')} internal bits spent"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+async def test_socket_owner_is_configurable(tmp_path):
+    doc = make_root(tmp_path)
+    doc["socketUid"] = 4321
+    doc["socketGid"] = 1234
+    config, seed_map = load(doc)
+    server = BrokerServer(config, seed_map, ScriptedRunner())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        info = os.stat(config.socket_path)
+        assert (info.st_uid, info.st_gid) == (4321, 1234)
+        assert (info.st_mode & 0o777) == 0o660
+        parent = os.stat(config.socket_path.parent)
+        assert (parent.st_uid, parent.st_gid, parent.st_mode & 0o777) == (4321, 1234, 0o770)
+        server.stop()
