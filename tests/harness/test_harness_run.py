@@ -260,3 +260,34 @@ async def test_private_root_under_the_agents_home_fails_preflight(setup):
     errors = [e for e in events_of(stream) if e["event"] == "preflight_error"]
     assert [e["location"] for e in errors] == ["private root"]
     assert list(setup["base"].iterdir()) == []
+
+
+async def test_signal_before_the_agent_tears_down_and_exits_128_plus_n(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "ran"
+    opts = options(setup, config, ("touch", str(marker)))
+    # A "broker" that never gets ready: the harness waits for it.
+    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
+                         "broker_command": (sys.executable, "-c", "import time; time.sleep(60)"),
+                         "ready_timeout": 60.0})
+    stream = io.StringIO()
+    result: list[int] = []
+
+    async def harness() -> None:
+        result.append(await run(opts, EventSink(stream), setup["env"]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(harness)
+        for _ in range(600):
+            if '"broker_started"' in stream.getvalue():
+                break
+            await trio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert result == [128 + signal.SIGINT]
+    assert not marker.exists()
+    assert list(setup["base"].iterdir()) == []
+    events = events_of(stream)
+    names = [e["event"] for e in events]
+    assert names.index("broker_stopped") < names.index("roots_removed") < names.index("run_end")
+    assert "agent_started" not in names
+    assert events[-1]["status"] == 130
