@@ -28,7 +28,8 @@ def engine_unavailable_reason() -> str | None:
         client.ping()
         client.close()
     except Exception as exc:
-        return f"no Docker engine at {DOCKER_SOCKET} ({exc.__class__.__name__}); run .ci/provision-engine"
+        name = exc.__class__.__name__
+        return f"no Docker engine at {DOCKER_SOCKET} ({name}); run .ci/provision-engine"
     return None
 
 
