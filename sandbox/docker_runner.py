@@ -40,6 +40,12 @@ from bounded_query.broker.runner import (
 )
 from bounded_query.seccomp import profile_json
 
+from .overlay import (
+    invocation_volume,
+    overlay_safe,
+    prep_container_body,
+    seed_volumes,
+)
 from .spec import (
     QUERY_GID,
     QUERY_UID,
@@ -47,6 +53,7 @@ from .spec import (
     SCRIPT_FILE_NAME,
     container_spec,
     probe_spec,
+    translate_host_path,
 )
 
 __all__ = ["API_VERSION", "DockerRunner", "RunOptions", "prepare_workspace"]
@@ -59,6 +66,14 @@ API_VERSION = "1.41"
 API_TIMEOUT_S = 60
 #: How long the preflight probe container may run.
 PROBE_TIMEOUT_S = 60
+#: How long preparing one seed's view layer may take (once per seed and run).
+PREP_TIMEOUT_S = 600
+#: Workspace subdirectories of the copy-on-write overlay (sandbox/overlay.py).
+UPPER_DIR_NAME = "upper"
+WORK_DIR_NAME = "work"
+#: Materialization strategies: the copy-on-write overlay (default) or the
+#: entrypoint's copy into the /query tmpfs (fallback, and benchmark baseline).
+MATERIALIZE_MODES = frozenset({"overlay", "tmpfs"})
 
 T = TypeVar("T")
 
@@ -75,14 +90,21 @@ class RunOptions:
 
     entrypoint_args: tuple[str, ...] = ()
     collect_timings: bool = False
+    materialize: str = "overlay"
+
+    def __post_init__(self) -> None:
+        if self.materialize not in MATERIALIZE_MODES:
+            raise ValueError(f"unknown materialize mode {self.materialize!r}")
 
 
-def prepare_workspace(invocation: Invocation) -> None:
+def prepare_workspace(invocation: Invocation, *, overlay: bool = False) -> None:
     """Write ``script.py`` (0444) and create the empty result file for uid 65534.
 
     Neither may exist yet (O_EXCL, O_NOFOLLOW). When the broker cannot chown
     (not root), the result file is made world-writable instead: the workspace
-    itself is 0700, so no other host user can reach it.
+    itself is 0700, so no other host user can reach it. With ``overlay``, also
+    create the overlay's upper directory (owned by 65534: it becomes the root
+    of /query/repo) and its empty work directory.
 
     Raises:
         OSError: the workspace is not usable (a local fault).
@@ -103,6 +125,14 @@ def prepare_workspace(invocation: Invocation) -> None:
             os.fchmod(fd, 0o666)
     finally:
         os.close(fd)
+    if overlay:
+        upper = invocation.workspace / UPPER_DIR_NAME
+        os.mkdir(upper, 0o755)
+        try:
+            os.chown(upper, QUERY_UID, QUERY_GID, follow_symlinks=False)
+        except PermissionError:
+            os.chmod(upper, 0o777)
+        os.mkdir(invocation.workspace / WORK_DIR_NAME, 0o700)
 
 
 def _status_code(result: Any) -> int | None:
@@ -142,6 +172,9 @@ class DockerRunner:
         self._seccomp = profile_json(self.oci_runtime)
         self._client_factory = client_factory or self._default_client
         self._client: Any = None
+        #: seed host path -> view-layer directory, or None to use the tmpfs copy
+        self._views: dict[str, str | None] = {}
+        self._view_lock = trio.Lock()
 
     def _default_client(self) -> Any:
         import docker  # imported lazily: the pure modules never need it
@@ -219,22 +252,52 @@ class DockerRunner:
         """Run one invocation (contract: :class:`bounded_query.broker.runner.Runner`)."""
         phases: dict[str, float] = {}
         clock = _PhaseClock(phases)
+        hmap = self.settings.host_path_map
+        seed_host = translate_host_path(str(invocation.seed_dir), hmap)
+        view: str | None = None
+        if self.options.materialize == "overlay":
+            with clock("view"):
+                view = await self._ensure_view(seed_host)
         try:
             with clock("prepare"):
-                await trio.to_thread.run_sync(prepare_workspace, invocation)
+                await trio.to_thread.run_sync(
+                    lambda: prepare_workspace(invocation, overlay=view is not None)
+                )
         except OSError:
             return RunReport("runner-internal", phases)
+        volume = None
+        if view is not None:
+            workspace_host = translate_host_path(str(invocation.workspace), hmap)
+            volume = invocation_volume(
+                self.settings,
+                invocation.invocation_id,
+                view_dir=view,
+                seed_host_path=seed_host,
+                upper_dir=f"{workspace_host}/{UPPER_DIR_NAME}",
+                work_dir=f"{workspace_host}/{WORK_DIR_NAME}",
+            )
         spec = container_spec(
             self.settings,
             invocation,
             self._seccomp,
             entrypoint_args=self.options.entrypoint_args,
             keep_logs=self.options.collect_timings,
+            repo_volume=None if volume is None else volume.name,
         )
         failure: str | None = None
         container_id: str | None = None
+        removed = True
         try:
             try:
+                if volume is not None:
+                    with clock("volume"):
+                        await self._call(
+                            self.api.create_volume,
+                            volume.name,
+                            driver="local",
+                            driver_opts=dict(volume.driver_opts),
+                            labels=dict(volume.labels),
+                        )
                 with clock("create"):
                     created = await self._call(
                         self.api.create_container_from_config, spec.body, spec.name
@@ -244,11 +307,17 @@ class DockerRunner:
                     await self._call(self.api.start, container_id)
             except Exception:
                 failure = "query-launch-failed"
+                if view is not None:
+                    # e.g. the view volume was removed behind our back:
+                    # prepare it again for the next invocation
+                    self._views.pop(seed_host, None)
             else:
                 failure = await self._wait(container_id, phases)
         finally:
             with trio.CancelScope(shield=True), clock("remove"):
                 removed = await self._remove(container_id or spec.name)
+                if volume is not None:
+                    removed = await self._remove_volume(volume.name) and removed
         if not removed:
             failure = "cleanup-failed"
         return RunReport(failure, phases)
@@ -299,14 +368,86 @@ class DockerRunner:
                 return False
         return True
 
+    async def _remove_volume(self, name: str) -> bool:
+        """Remove one volume (unmounting it); True when it is gone."""
+        import docker.errors
+
+        for _attempt in range(3):
+            try:
+                await self._call(self.api.remove_volume, name, force=True)
+            except docker.errors.NotFound:
+                return True
+            except Exception:
+                # "volume is in use" right after a removal: give dockerd a moment
+                await trio.sleep(0.05)
+                continue
+            return True
+        return False
+
+    # -- copy-on-write view layers (sandbox/overlay.py) ------------------------
+
+    async def _ensure_view(self, seed_host: str) -> str | None:
+        """The seed's view-layer directory, preparing it once; None -> tmpfs copy."""
+        async with self._view_lock:
+            if seed_host not in self._views:
+                self._views[seed_host] = await self._prepare_view(seed_host)
+            return self._views[seed_host]
+
+    async def _prepare_view(self, seed_host: str) -> str | None:
+        """Run the trusted preparation container; None when overlays are unusable."""
+        volumes = seed_volumes(self.settings, seed_host)
+        prep_name: str | None = None
+        container_id: str | None = None
+        ok = False
+        try:
+            dirs = []
+            for spec in (volumes.upper, volumes.work):
+                created = await self._call(
+                    self.api.create_volume, spec.name, driver="local", labels=dict(spec.labels)
+                )
+                dirs.append(str(created["Mountpoint"]))
+            upper_dir, work_dir = dirs
+            if not overlay_safe(seed_host, upper_dir, work_dir):
+                return None
+            prep = volumes.prep(seed_host, upper_dir, work_dir)
+            prep_name = prep.name
+            await self._call(
+                self.api.create_volume,
+                prep.name,
+                driver="local",
+                driver_opts=dict(prep.driver_opts),
+                labels=dict(prep.labels),
+            )
+            body = prep_container_body(self.settings, prep.name)
+            created = await self._call(self.api.create_container_from_config, body, None)
+            container_id = str(created["Id"])
+            await self._call(self.api.start, container_id)
+            result = await self._call(self.api.wait, container_id, timeout=PREP_TIMEOUT_S)
+            ok = _status_code(result) == 0
+            return upper_dir if ok else None
+        except Exception:
+            return None
+        finally:
+            with trio.CancelScope(shield=True):
+                if container_id is not None:
+                    await self._remove(container_id)
+                if prep_name is not None:
+                    await self._remove_volume(prep_name)
+                await self._remove_volume(volumes.work.name)
+                if not ok:
+                    await self._remove_volume(volumes.upper.name)
+
     # -- reconcile ---------------------------------------------------------
 
     async def reconcile(self) -> int:
         """Force-remove every container of this run; return how many were removed.
 
+        Then remove the run's volumes (invocation overlays and seed view
+        layers, which are prepared again on next use).
+
         Raises:
-            RunnerUnavailable: the engine could not list containers, or some
-                labelled container could not be removed.
+            RunnerUnavailable: the engine could not list containers or volumes,
+                or some labelled container or volume could not be removed.
         """
         label = f"{LABEL_RUN}={self.settings.run_id}"
         try:
@@ -320,6 +461,17 @@ class DockerRunner:
             if not ok:
                 raise RunnerUnavailable(f"cannot remove query container {entry['Id'][:12]}")
             removed += 1
+        async with self._view_lock:
+            self._views.clear()
+            try:
+                found = await self._call(self.api.volumes, filters={"label": label})
+            except Exception as exc:
+                raise RunnerUnavailable(f"cannot list query volumes: {exc}") from exc
+            for volume in (found or {}).get("Volumes") or []:
+                with trio.CancelScope(shield=True):
+                    gone = await self._remove_volume(str(volume["Name"]))
+                if not gone:
+                    raise RunnerUnavailable(f"cannot remove query volume {volume['Name']}")
         return removed
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ Layout seen by the query (uid/gid 65534, read-only root):
 * ``/awf/query-script.py`` - the script, bind-mounted read-only;
 * ``/query`` - a size-limited tmpfs owned by 65534, where the image's fixed
   entrypoint materializes the seed at ``/query/repo``;
+  (or, by default, the copy-on-write overlay of :mod:`.overlay` is mounted
+  there and the seed is not bound at all);
 * ``/query/out`` - the pre-created, 65534-owned result file of the
   workspace, bind-mounted read-write (a mount point cannot be renamed over or
   unlinked, so symlink, FIFO or directory swaps fail with EBUSY);
@@ -87,6 +89,7 @@ CONTAINER_ENV = (
 SEED_TARGET = "/awf/seed"
 SCRIPT_TARGET = "/awf/query-script.py"
 QUERY_TARGET = "/query"
+REPO_TARGET = "/query/repo"
 RESULT_TARGET = f"/query/{RESULT_FILE_NAME}"
 TMP_TARGET = "/tmp"
 #: Log settings when the benchmark asks to keep the entrypoint's timing line.
@@ -189,12 +192,16 @@ def container_spec(
     *,
     entrypoint_args: tuple[str, ...] = (),
     keep_logs: bool = False,
+    repo_volume: str | None = None,
 ) -> ContainerSpec:
     """Derive the create body of one query container (spec 14.7).
 
     ``entrypoint_args`` and ``keep_logs`` exist for the benchmark
     (``--timings`` and a capped local log to read them from); the broker never
     passes them: query output is otherwise discarded (LogConfig "none").
+    With ``repo_volume`` (the invocation's copy-on-write overlay, see
+    :mod:`.overlay`) that volume is mounted at ``/query/repo`` instead of
+    binding the seed for the entrypoint to copy.
 
     Raises:
         KeyError: a runtime that is never launched ("sbx").
@@ -204,8 +211,20 @@ def container_spec(
         raise KeyError(f"runtime {settings.runtime!r} is never launched")
     hmap = settings.host_path_map
     workspace = str(invocation.workspace)
+    if repo_volume is None:
+        repo_mount = _bind(
+            translate_host_path(str(invocation.seed_dir), hmap), SEED_TARGET, read_only=True
+        )
+    else:
+        repo_mount = {
+            "Type": "volume",
+            "Source": repo_volume,
+            "Target": REPO_TARGET,
+            "ReadOnly": False,
+            "VolumeOptions": {"NoCopy": True},
+        }
     mounts = [
-        _bind(translate_host_path(str(invocation.seed_dir), hmap), SEED_TARGET, read_only=True),
+        repo_mount,
         _bind(
             translate_host_path(f"{workspace}/{SCRIPT_FILE_NAME}", hmap),
             SCRIPT_TARGET,

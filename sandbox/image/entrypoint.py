@@ -8,7 +8,9 @@ command the image runs; it is baked into the image and never comes from a
 request) materializes a private, fully writable copy of the seed at
 ``/query/repo`` and then runs the script as ``__main__`` with cwd ``/query``.
 
-Materialization ("git", the default): the seed is a clean checkout whose
+Materialization: when the runner has already mounted a private copy-on-write
+view of the seed at ``/query/repo`` (its default, see sandbox/overlay.py),
+there is nothing to do. Otherwise ("git") the seed is a clean checkout whose
 objects sit in packs. Copying its work tree file by file is the expensive
 part, especially under gVisor where every file opened on a bind mount is a
 round trip to the gofer. Instead we copy only the small metadata of ``.git``
@@ -117,7 +119,9 @@ def main(argv: list[str]) -> int:
             timings = True
         elif arg.startswith("--materialize="):
             method = arg.partition("=")[2]
-    if method == "git" and not os.path.isdir(os.path.join(SEED, ".git")):
+    if os.path.isdir(REPO):
+        method = "mounted"  # the runner mounted a copy-on-write view (sandbox/overlay.py)
+    elif method == "git" and not os.path.isdir(os.path.join(SEED, ".git")):
         method = "copy"
     started = time.monotonic()
     try:
@@ -125,6 +129,8 @@ def main(argv: list[str]) -> int:
             materialize_git()
         elif method == "copy":
             materialize_copy()
+        elif method == "mounted":
+            pass
         else:
             return MATERIALIZE_FAILED
     except (OSError, subprocess.CalledProcessError):

@@ -106,7 +106,7 @@ for path in ("/etc/shadow", "/proc/kcore", "/sys/kernel/security", "/proc/sys/ke
         found = found or path in ("/etc/shadow", "/proc/kcore")
     except OSError:
         pass
-expected = {"/", "/awf/seed", "/awf/query-script.py", "/query", "/query/out", "/tmp",
+expected = {"/", "/awf/seed", "/awf/query-script.py", "/query", "/query/repo", "/query/out", "/tmp",
             "/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
 try:
     for line in open("/proc/self/mountinfo"):

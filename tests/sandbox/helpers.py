@@ -96,3 +96,10 @@ def read_answer(invocation: Invocation) -> bytes | None:
 def leftover_containers(client, run_id: str) -> list[str]:
     found = client.containers.list(all=True, filters={"label": f"bounded-query.run={run_id}"})
     return [c.name for c in found]
+
+
+def leftover_volumes(client, run_id: str, *, role: str | None = None) -> list[str]:
+    found = client.volumes.list(filters={"label": f"bounded-query.run={run_id}"})
+    return sorted(
+        v.name for v in found if role is None or v.attrs["Labels"].get("bounded-query.role") == role
+    )

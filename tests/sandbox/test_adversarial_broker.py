@@ -25,7 +25,7 @@ from bounded_query.sandbox import create_runner
 
 from tests.broker.helpers import body_of, exchange, request_bytes
 from tests.sandbox.attacks import ATTACKS
-from tests.sandbox.helpers import IMAGE, RUNTIMES, leftover_containers
+from tests.sandbox.helpers import IMAGE, RUNTIMES, leftover_containers, leftover_volumes
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -90,7 +90,9 @@ async def run_suite(base: Path, seed: Path, runtime: str, engine, lines, failure
             body = body_of(await exchange(config.socket_path, request))
             outcome = outcome_of(body)
             elapsed = trio.current_time() - started
-            left = leftover_containers(engine, config.run_id)
+            left = leftover_containers(engine, config.run_id) + leftover_volumes(
+                engine, config.run_id, role="query-repo"
+            )
             work = config.work_root
             workspaces = sorted(p.name for p in work.iterdir()) if work.exists() else []
             ok = outcome in attack.expect and not left and not workspaces
@@ -108,6 +110,7 @@ async def run_suite(base: Path, seed: Path, runtime: str, engine, lines, failure
         server.stop()
     runner.close()  # type: ignore[attr-defined]  # DockerRunner
     assert leftover_containers(engine, config.run_id) == []
+    assert leftover_volumes(engine, config.run_id) == []  # the broker's shutdown reconcile
 
 
 async def test_attacks_through_broker(engine, seed, tmp_path, capsys):

@@ -17,6 +17,7 @@ from tests.sandbox.attacks import ATTACKS
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,
+    leftover_volumes,
     new_invocation,
     read_answer,
     settings,
@@ -45,8 +46,11 @@ async def test_attack_through_runner(capsys, engine, seed, work_root, runtime, a
     try:
         report = await runner.run(invocation)
         raw = read_answer(invocation)
+        assert leftover_volumes(engine, cfg.run_id, role="query-repo") == []
+        await runner.reconcile()
     finally:
         runner.close()
+    assert leftover_volumes(engine, cfg.run_id) == []
     canonical = None if report.failure or raw is None else check_output(raw, BOOLEAN)
     outcome = "error" if canonical is None else canonical
     detail = report.failure or ("invalid-output" if canonical is None else "ok")

@@ -6,11 +6,12 @@ import json
 
 import pytest
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
-from bounded_query.sandbox import DockerRunner, create_runner, sbx_capability_report
+from bounded_query.sandbox import DockerRunner, RunOptions, create_runner, sbx_capability_report
 
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,
+    leftover_volumes,
     new_invocation,
     read_answer,
     settings,
@@ -38,6 +39,8 @@ facts = {
     "exec_bit": os.stat("run.sh").st_mode & 0o111 == 0o111,
     "writable": os.access("src/mod02.py", os.W_OK),
     "env": sorted(os.environ),
+    "repo_fs": [l.split(" - ")[1].split()[0] for l in open("/proc/self/mountinfo")
+                if l.split()[4] == "/query/repo"],
 }
 open("/query/out", "w").write(json.dumps(facts, sort_keys=True))
 """
@@ -48,21 +51,31 @@ def runtime(request):
     return request.param
 
 
-async def run_one(engine, work_root, seed, script, **kw):
+async def run_one(engine, work_root, seed, script, *, options=None, **kw):
     cfg = settings(kw.pop("runtime"), **kw)
-    runner = DockerRunner(cfg)
+    runner = DockerRunner(cfg, options=options)
     inv = new_invocation(cfg, work_root, seed, script)
     try:
         report = await runner.run(inv)
         answer = read_answer(inv)
+        assert leftover_containers(engine, cfg.run_id) == []
+        # only the per-seed view layer outlives an invocation
+        assert leftover_volumes(engine, cfg.run_id, role="query-repo") == []
+        await runner.reconcile()
     finally:
         runner.close()
-    assert leftover_containers(engine, cfg.run_id) == []
+    assert leftover_volumes(engine, cfg.run_id) == []
     return report, answer
 
 
-async def test_git_works_and_repo_is_private_and_writable(engine, work_root, seed, runtime):
-    report, answer = await run_one(engine, work_root, seed, GIT_AND_WRITE, runtime=runtime)
+@pytest.mark.parametrize("materialize", ["overlay", "tmpfs"])
+async def test_git_works_and_repo_is_private_and_writable(
+    engine, work_root, seed, runtime, materialize
+):
+    options = RunOptions(materialize=materialize)
+    report, answer = await run_one(
+        engine, work_root, seed, GIT_AND_WRITE, runtime=runtime, options=options
+    )
     assert report.failure is None, report
     facts = json.loads(answer)
     assert facts["log"] == "fixture"
@@ -77,6 +90,10 @@ async def test_git_works_and_repo_is_private_and_writable(engine, work_root, see
         ["GIT_CONFIG_NOSYSTEM", "HOME", "HOSTNAME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE"]
     )
     assert set(report.phases) >= {"prepare", "create", "start", "wait", "remove"}
+    # overlay mode really mounts the copy-on-write view (gVisor shows it as its
+    # 9p gofer mount); tmpfs mode copies into the /query tmpfs
+    mounted = {"docker": ["overlay"], "gvisor": ["9p"]}[runtime]
+    assert facts["repo_fs"] == (mounted if materialize == "overlay" else [])
     # the seed itself was not touched
     assert (seed / "README.md").read_text() == "# fixture\nneedle in a haystack\n"
 

@@ -14,6 +14,7 @@ from bounded_query.sandbox import DockerRunner
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,
+    leftover_volumes,
     new_invocation,
     read_answer,
     settings,
@@ -95,9 +96,11 @@ def observed(request, engine, seed, tmp_path_factory):
     runner = DockerRunner(cfg)
     try:
         report = trio.run(runner.run, invocation)
+        trio.run(runner.reconcile)
     finally:
         runner.close()
     assert leftover_containers(engine, cfg.run_id) == []
+    assert leftover_volumes(engine, cfg.run_id) == []
     assert report.failure is None, report
     return json.loads(read_answer(invocation) or b"{}")
 
@@ -135,9 +138,11 @@ def test_probe_is_sensitive_without_the_profile(engine, seed, tmp_path):
     runner._seccomp = "unconfined"
     try:
         report = trio.run(runner.run, invocation)
+        trio.run(runner.reconcile)
     finally:
         runner.close()
     assert leftover_containers(engine, cfg.run_id) == []
+    assert leftover_volumes(engine, cfg.run_id) == []
     assert report.failure is None
     loose = json.loads(read_answer(invocation) or b"{}")
     for name in ("ptrace", "unshare", "socket_AF_INET", "socket_AF_INET6", "io_uring_setup"):
