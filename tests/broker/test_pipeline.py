@@ -282,3 +282,18 @@ async def test_a_bug_costs_one_answer_not_the_broker(broker, monkeypatch, capfd)
     assert body_of(response) == OK_TRUE
     records = _journal(broker)
     assert Outcome(records[0].invocation_id, "interrupted", "broker-internal") in records
+
+
+async def test_workspace_cleanup_failure_is_an_error(broker, monkeypatch):
+    import bounded_query.broker.service as service_module
+
+    real_remove = service_module.remove_tree
+    monkeypatch.setattr(service_module, "remove_tree", lambda path: False)
+    response = await exchange(broker.socket, request_bytes("write true"))
+    assert body_of(response) == ERROR  # a valid answer is discarded
+    entries = await _audit(broker, 1)
+    assert entries[-1]["category"] == "cleanup-failed"
+    records = _journal(broker)
+    assert records[-1] == Outcome(records[0].invocation_id, "error", "cleanup-failed")
+    for leftover in (broker.private / "work").iterdir():
+        assert real_remove(leftover)
