@@ -95,7 +95,7 @@ TMP_TARGET = "/tmp"
 #: Log settings when the benchmark asks to keep the entrypoint's timing line.
 BENCH_LOG_CONFIG: Mapping[str, Any] = {
     "Type": "local",
-    "Config": {"max-size": "1m", "max-file": "1"},
+    "Config": {"max-size": "1m", "max-file": "1", "compress": "false"},
 }
 #: Every query container's name starts with this (ids follow).
 _NAME_PREFIX = "bq-"
