@@ -240,3 +240,18 @@ def test_seccomp_profile_shape():
 def test_seccomp_unknown_runtime():
     with pytest.raises(ValueError, match="variant"):
         load_profile("kata")
+
+
+def test_repo_volume_replaces_the_seed_bind():
+    b = container_spec(settings(), invocation(), SECCOMP, repo_volume="bq-x-repo").body
+    mounts = b["HostConfig"]["Mounts"]
+    assert mounts[0] == {
+        "Type": "volume",
+        "Source": "bq-x-repo",
+        "Target": "/query/repo",
+        "ReadOnly": False,
+        "VolumeOptions": {"NoCopy": True},
+    }
+    targets = [m["Target"] for m in mounts]
+    assert targets == ["/query/repo", "/awf/query-script.py", "/query/out"]
+    assert "/priv/seeds/5eed" not in json.dumps(b)  # the seed is reached only through the view
