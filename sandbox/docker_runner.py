@@ -25,8 +25,9 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -436,6 +437,24 @@ class DockerRunner:
                 await self._remove_volume(volumes.work.name)
                 if not ok:
                     await self._remove_volume(volumes.upper.name)
+
+    async def warm(self, seed_dirs: Iterable[Path]) -> dict[str, bool]:
+        """Prepare each seed's view layer now instead of on its first query.
+
+        Meant for broker start-up, after :meth:`reconcile` (which removes the
+        run's volumes): the preparation takes seconds for a large seed and
+        would otherwise land the first query of that seed in a later timing
+        bucket. Returns seed path -> True when the copy-on-write view is
+        ready (False: queries of that seed use the tmpfs copy). Never raises
+        for an unusable seed; a no-op in tmpfs mode.
+        """
+        ready: dict[str, bool] = {}
+        if self.options.materialize != "overlay":
+            return ready
+        for seed_dir in seed_dirs:
+            seed_host = translate_host_path(str(seed_dir), self.settings.host_path_map)
+            ready[str(seed_dir)] = await self._ensure_view(seed_host) is not None
+        return ready
 
     # -- reconcile ---------------------------------------------------------
 

@@ -58,14 +58,19 @@ OVERLAY_OPTION_FORBIDDEN = frozenset(",:\\\n\t ")
 PREP_TARGET = "/v"
 #: The preparation command (fixed; runs as root with CAP_CHOWN + CAP_FOWNER).
 #: chown/chmod through a metacopy overlay copy up metadata only. The git index
-#: refresh records the view's stat data so queries start with a clean status.
+#: refresh records the view's stat data so queries start with a clean status
+#: (best effort: a seed without git, or a refresh failure, still succeeds).
 PREP_COMMAND = (
     "/bin/sh",
     "-c",
     f"chown -R {QUERY_UID}:{QUERY_GID} {PREP_TARGET} && chmod -R u+w {PREP_TARGET} && "
     f"if [ -d {PREP_TARGET}/.git ]; then "
     f"git -c safe.directory='*' -C {PREP_TARGET} update-index -q --refresh >/dev/null 2>&1; "
-    f"chown {QUERY_UID}:{QUERY_GID} {PREP_TARGET}/.git/index 2>/dev/null; fi; exit 0",
+    f"chown {QUERY_UID}:{QUERY_GID} {PREP_TARGET}/.git/index 2>/dev/null; fi; "
+    # The view's root is the volume's host directory: make it root-only so no
+    # host user can reach the 65534-owned entries below it. Queries never see
+    # it (their overlay root is the workspace's upper directory).
+    f"chown 0:0 {PREP_TARGET} && chmod 0700 {PREP_TARGET}",
 )
 
 

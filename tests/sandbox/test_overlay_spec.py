@@ -107,3 +107,4 @@ def test_prep_command_chowns_to_the_query_user_and_refreshes_the_index():
     assert "chown -R 65534:65534 /v" in script
     assert "chmod -R u+w /v" in script
     assert "update-index -q --refresh" in script
+    assert script.endswith("chown 0:0 /v && chmod 0700 /v")

@@ -218,3 +218,46 @@ def test_create_runner_blocks_sbx_with_report():
 def test_create_runner_rejects_unknown_runtime():
     with pytest.raises(ValueError, match="unknown"):
         create_runner(settings("kata"))
+
+
+async def test_warm_prepares_the_view_once(engine, work_root, seed):
+    import os
+
+    cfg = settings("docker")
+    runner = DockerRunner(cfg)
+    try:
+        assert await runner.warm([seed]) == {str(seed): True}
+        views = leftover_volumes(engine, cfg.run_id, role="seed-view")
+        assert len(views) == 1
+        # the view's host directory is root-only (no host user reaches it)
+        mountpoint = engine.volumes.get(views[0]).attrs["Mountpoint"]
+        info = os.stat(mountpoint)
+        assert (info.st_uid, info.st_mode & 0o777) == (0, 0o700)
+        inv = new_invocation(cfg, work_root, seed, "open('/query/out','w').write('true')")
+        report = await runner.run(inv)
+        assert report.failure is None
+        assert report.phases["view"] < 0.1  # already prepared
+        assert read_answer(inv) == b"true"
+        assert await runner.reconcile() == 0
+    finally:
+        runner.close()
+    assert leftover_volumes(engine, cfg.run_id) == []
+
+
+async def test_vanished_view_is_prepared_again(engine, work_root, seed):
+    cfg = settings("docker")
+    runner = DockerRunner(cfg)
+    try:
+        await runner.warm([seed])
+        for name in leftover_volumes(engine, cfg.run_id, role="seed-view"):
+            engine.volumes.get(name).remove(force=True)  # removed behind our back
+        first = await runner.run(new_invocation(cfg, work_root, seed, "pass"))
+        assert first.failure == "query-launch-failed"
+        second = await runner.run(
+            new_invocation(cfg, work_root, seed, "open('/query/out','w').write('true')")
+        )
+        assert second.failure is None
+        await runner.reconcile()
+    finally:
+        runner.close()
+    assert leftover_volumes(engine, cfg.run_id) == []
