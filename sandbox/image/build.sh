@@ -42,6 +42,7 @@ SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --include=py
   --customize-hook='rm -rf "$1"/usr/bin/dpkg* "$1"/usr/sbin/dpkg* "$1"/usr/bin/apt* "$1"/usr/sbin/update-alternatives "$1"/usr/bin/update-alternatives "$1"/var/lib/dpkg "$1"/etc/dpkg "$1"/usr/share/dpkg "$1"/var/cache/debconf "$1"/var/log/* "$1"/usr/bin/cpan* "$1"/usr/bin/debconf* "$1"/usr/share/perl5/CPAN* "$1"/usr/share/perl/5.36*/CPAN*' \
   --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
   bookworm "$work/rootfs.tar"
+previous=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 "$DOCKER" import \
   --change 'USER 65534:65534' \
   --change 'WORKDIR /query' \
@@ -69,4 +70,9 @@ for top in ("/usr", "/bin", "/sbin"):
         bad += [os.path.join(d, f) for f in fs if not os.path.islink(os.path.join(d, f))
                 and os.lstat(os.path.join(d, f)).st_mode & 0o6000]
 sys.exit("forbidden tools in image: " + " ".join(bad) if bad else 0)' >&2
+# The superseded build is now untagged: drop it (kept if a container uses it).
+current=$("$DOCKER" image inspect -f '{{.Id}}' "$image")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  "$DOCKER" rmi "$previous" >/dev/null 2>&1 || true
+fi
 echo "build-images: $image built and checked" >&2
