@@ -44,6 +44,7 @@ import secrets
 import shutil
 import stat
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -225,6 +226,7 @@ class Service:
                 sensitivity=decision.sensitivity,
                 charge=decision.charge,
                 bucket_ms=bucket_ms,
+                wall_time=round(time.time(), 3),
             )
         )
 
