@@ -318,5 +318,16 @@ def test_frame_and_object_forms_agree() -> None:
     assert from_frame == from_obj
 
 
+def test_non_bytes_body_rejected() -> None:
+    assert frame_error(headers(), "print(1)") == "body: must be bytes"  # type: ignore[arg-type]
+
+
+def test_header_length_bound_is_exact() -> None:
+    longest = encode_schema_header(b"x" * MAX_SCHEMA_BYTES)
+    assert len(longest) == 5462
+    with pytest.raises(RequestError, match="larger than 4096"):
+        decode_schema_header(longest + b"A")
+
+
 def test_non_bytes_headers_rejected() -> None:
     assert "must be bytes" in frame_error([("x-awf-repo", "o/r")])  # type: ignore[list-item]
