@@ -7,8 +7,9 @@ Theory of operation:
   every invocation found in flight with an ``interrupted`` outcome (never
   re-run, never refunded), prove the runner works, remove straggler
   containers (``runner.reconcile``) and stale ``work/*`` directories, bind
-  the socket (directory 0770, socket 0660, optional owner), and only then
-  write the readiness file ``control/ready``.
+  let the runner prepare the non-sealed seeds (optional ``warm``), bind the
+  socket (directory 0770, socket 0660, optional owner), and only then write
+  the readiness file ``control/ready``.
 * **Serving**: an accept loop hands each connection to its own task, up to
   a connection cap; an excess connection gets the canonical error at once
   and is closed. Each connection carries one request (``http.py``), then
@@ -213,6 +214,7 @@ class BrokerServer:
             await self.runner.preflight()
             await self.runner.reconcile()
             await trio.to_thread.run_sync(clear_work_root, config.work_root)
+            await self._warm()
             self.service = Service(config, self.seed_map, self.runner, journal, ledger, audit)
             sock = _bind_socket(config)
             listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
@@ -238,6 +240,25 @@ class BrokerServer:
                     await trio.to_thread.run_sync(clear_work_root, config.work_root)
                 journal.close()
                 audit.close()
+
+    async def _warm(self) -> None:
+        """Let a runner that supports it prepare seeds before we listen.
+
+        ``warm`` is optional (the sandbox's DockerRunner has it): preparing a
+        seed's copy-on-write view takes seconds for a large seed and would
+        otherwise land that seed's first query in a later timing bucket.
+        Sealed seeds are never touched (spec 14.1: a sealed repository never
+        has its seed copied).
+        """
+        warm = getattr(self.runner, "warm", None)
+        if warm is None:
+            return
+        seeds = [
+            self.config.seeds_root / entry.seed_id
+            for entry in self.seed_map.entries.values()
+            if entry.sensitivity != "sealed"
+        ]
+        await warm(seeds)
 
     async def _shutdown(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         assert self.service is not None

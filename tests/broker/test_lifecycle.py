@@ -314,3 +314,28 @@ async def test_socket_owner_is_configurable(tmp_path):
         parent = os.stat(config.socket_path.parent)
         assert (parent.st_uid, parent.st_gid, parent.st_mode & 0o777) == (4321, 1234, 0o770)
         server.stop()
+
+
+class WarmingRunner(ScriptedRunner):
+    """A fake with the sandbox runner's optional ``warm(seed_dirs)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warmed: list[Path] = []
+
+    async def warm(self, seed_dirs):
+        assert self.reconciled == 1  # after reconcile, before listening
+        self.warmed.extend(seed_dirs)
+        return {str(seed): True for seed in seed_dirs}
+
+
+async def test_startup_warms_every_seed_but_sealed(tmp_path):
+    config, seed_map = load(make_root(tmp_path))
+    runner = WarmingRunner()
+    server = BrokerServer(config, seed_map, runner)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        server.stop()
+    seeds = config.private_root / "seeds"
+    # helpers.make_root numbers seeds in REPOS order; 0004 is octo/sealed.
+    assert sorted(runner.warmed) == [seeds / "0001", seeds / "0002", seeds / "0003"]
