@@ -65,7 +65,8 @@ PREP_COMMAND = (
     "-c",
     f"chown -R {QUERY_UID}:{QUERY_GID} {PREP_TARGET} && chmod -R u+w {PREP_TARGET} && "
     f"if [ -d {PREP_TARGET}/.git ]; then "
-    f"git -c safe.directory='*' -C {PREP_TARGET} update-index -q --refresh >/dev/null 2>&1; "
+    f"git -c safe.directory='*' -c core.fsmonitor=false -c core.hooksPath=/dev/null "
+    f"-C {PREP_TARGET} update-index -q --refresh >/dev/null 2>&1; "
     f"chown {QUERY_UID}:{QUERY_GID} {PREP_TARGET}/.git/index 2>/dev/null; fi; "
     # The view's root is the volume's host directory: make it root-only so no
     # host user can reach the 65534-owned entries below it. Queries never see
@@ -173,7 +174,7 @@ def prep_container_body(settings: RunnerSettings, prep_volume: str) -> dict[str,
             "NetworkMode": "none",
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],
-            "CapAdd": ["CAP_CHOWN", "CAP_FOWNER"],
+            "CapAdd": ["CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE"],
             "SecurityOpt": ["no-new-privileges:true"],
             "Memory": settings.memory_bytes,
             "MemorySwap": settings.memory_bytes,

@@ -87,7 +87,7 @@ def test_prep_container_is_minimal_and_trusted():
     assert hc["Runtime"] == "runc"  # trusted fixed command, see module docstring
     assert hc["NetworkMode"] == "none"
     assert hc["CapDrop"] == ["ALL"]
-    assert hc["CapAdd"] == ["CAP_CHOWN", "CAP_FOWNER"]
+    assert hc["CapAdd"] == ["CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE"]
     assert hc["ReadonlyRootfs"] is True
     assert hc["SecurityOpt"] == ["no-new-privileges:true"]
     assert hc["Mounts"] == [
