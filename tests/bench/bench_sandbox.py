@@ -125,8 +125,9 @@ async def bench_cell(runtime: str, seed: Path, work: Path, n: int, mode: str) ->
                 inner.append((await one_query(timed, seed, work))[1])
         finally:
             timed.close()
-        await runner.reconcile()
     finally:
+        with trio.CancelScope(shield=True):
+            await runner.reconcile()  # containers and volumes of this cell
         runner.close()
     names = sorted({k for p in phases for k in p})
     return {
