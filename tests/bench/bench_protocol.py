@@ -143,6 +143,7 @@ def main() -> None:
         "boolean": BOOL,
         "mixed object (4 fields)": mixed_schema(),
         "4 KiB string enum": big_enum_schema(),
+        "4 KiB integer enum (1036 values)": {"type": "enum", "values": list(range(1036))},
         "2**1024 exactly (array of tuples)": exactly_2_1024_schema(),
         "worst case (6-deep arrays, 2**53 ints)": worst_case_schema(),
     }
@@ -171,6 +172,7 @@ def main() -> None:
     obj, raw = output_8k_accepted()
     schema = parse_schema(obj)
     broken = raw.rstrip()[:-1] + b"x"  # fails at the very end
+    broken = b" " * (MAX_RESULT_BYTES - len(broken)) + broken
     assert check_output(broken, schema) is None
     per_s, us = rate(lambda: check_output(broken, schema))
     rows.append(("check_output", f"8 KiB rejected at last byte, {len(broken)} B", per_s, us))
