@@ -238,6 +238,31 @@ try:
 except OSError:
     answer(False)
 """),
+    _a("many-files-in-repo", "error|false", """
+# the repository view's upper layer is on the host disk (sandbox/overlay.py):
+# its files must be removed with the workspace
+os.mkdir("/query/repo/many")
+try:
+    for i in range(2_000_000):
+        open(f"/query/repo/many/{i}", "w").close()
+    answer(True)
+except OSError:
+    answer(False)
+"""),
+    _a("big-files-in-repo", "true", """
+chunk = b"\\0" * (1 << 20)
+for i in range(8):
+    with open(f"/query/repo/big{i}", "wb") as fh:
+        for _ in range(32):
+            fh.write(chunk)
+try:  # one file past the per-file limit fails, the query goes on
+    with open("/query/repo/huge", "wb") as fh:
+        for _ in range(100):
+            fh.write(chunk)
+    answer(False)
+except OSError:
+    answer(True)
+"""),
     _a("spin-past-timeout", "error", """
 answer(True)
 while True:
