@@ -23,5 +23,11 @@ test: images lint
 	$(PYTHON) -m pytest -q
 	@if [ -x .ci/fuzz ]; then .ci/fuzz --short; fi
 
+bench: images
+	$(PYTHON) tests/bench/bench_protocol.py
+	$(PYTHON) tests/bench/bench_timing.py
+	$(PYTHON) tests/bench/bench_broker_load.py
+	$(PYTHON) tests/bench/bench_sandbox.py
+
 demo: images
 	bounded-query-harness demo
