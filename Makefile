@@ -23,6 +23,9 @@ test: images lint
 	$(PYTHON) -m pytest -q
 	@if [ -x .ci/fuzz ]; then .ci/fuzz --short; fi
 
+fuzz: install
+	.ci/fuzz --long
+
 bench: images
 	$(PYTHON) tests/bench/bench_protocol.py
 	$(PYTHON) tests/bench/bench_timing.py
