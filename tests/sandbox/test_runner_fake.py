@@ -1,0 +1,302 @@
+"""DockerRunner's control flow against a fake Engine API client (no engine).
+
+The fake records every call, so each test checks both the reported category
+and that whatever was created was removed (spec 14.7: every container and
+volume gone before ``run`` returns; cleanup failure is ``cleanup-failed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import docker.errors
+import pytest
+import trio
+from bounded_query.broker.runner import Invocation, RunnerSettings, RunnerUnavailable
+from bounded_query.sandbox import DockerRunner, RunOptions
+
+MEMORY = 256 * 1024**2
+
+
+class FakeAPI:
+    """Just enough of docker.APIClient; behaviour set per test."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.containers_alive: set[str] = set()
+        self.volumes_alive: dict[str, dict[str, object]] = {}
+        self.exit_code = 0
+        self.oom = False
+        self.fail_create = False
+        self.fail_remove = 0  # how many remove_container calls raise
+        self.block_wait = False
+        self.released = threading.Event()
+        self.runtimes = {"runc": {}, "runsc": {}}
+        self.images = {"bounded-query-python:latest"}
+        self.listed: list[dict[str, str]] = []
+        self.prep_exit = 0
+
+    # containers
+    def create_container_from_config(self, body, name):
+        self.calls.append(("create", name))
+        if self.fail_create:
+            raise docker.errors.APIError("no such image")
+        cid = f"c{len(self.calls)}"
+        self.containers_alive.add(cid)
+        self.last_body = body
+        return {"Id": cid}
+
+    def start(self, cid):
+        self.calls.append(("start", cid))
+
+    def wait(self, cid, timeout=None):
+        self.calls.append(("wait", cid))
+        if self.block_wait:
+            self.released.wait(10)
+            return {"StatusCode": 137}
+        is_prep = "seed-prep" in str(self.last_body.get("Labels", {}).values())
+        return {"StatusCode": self.prep_exit if is_prep else self.exit_code}
+
+    def inspect_container(self, cid):
+        return {"State": {"OOMKilled": self.oom}}
+
+    def remove_container(self, cid, v=False, force=False):
+        self.calls.append(("remove", cid))
+        assert v
+        assert force
+        if self.fail_remove:
+            self.fail_remove -= 1
+            raise docker.errors.APIError("removal in progress")
+        self.released.set()
+        if cid not in self.containers_alive:
+            raise docker.errors.NotFound("gone")
+        self.containers_alive.discard(cid)
+
+    def containers(self, all=False, filters=None):
+        return self.listed
+
+    def logs(self, cid, stdout=True, stderr=True):
+        return b"awf-timing materialize=0.5 run=0.25\n"
+
+    # volumes
+    def create_volume(self, name, driver=None, driver_opts=None, labels=None):
+        self.calls.append(("volume", name))
+        self.volumes_alive[name] = {"Name": name, "Labels": labels or {}}
+        return {"Name": name, "Mountpoint": f"/var/lib/docker/volumes/{name}/_data"}
+
+    def remove_volume(self, name, force=False):
+        self.calls.append(("rmvolume", name))
+        if name not in self.volumes_alive:
+            raise docker.errors.NotFound("gone")
+        del self.volumes_alive[name]
+
+    def volumes(self, filters=None):
+        return {"Volumes": list(self.volumes_alive.values())}
+
+    # engine
+    def info(self):
+        return {"Runtimes": self.runtimes}
+
+    def inspect_image(self, image):
+        if image not in self.images:
+            raise docker.errors.ImageNotFound("missing")
+        return {}
+
+    def close(self):
+        pass
+
+
+def make(runtime="docker", *, timeout_s=30, materialize="tmpfs", options=None):
+    api = FakeAPI()
+    cfg = RunnerSettings(runtime, "ab" * 16, "bounded-query-python:latest", timeout_s, MEMORY)
+    runner = DockerRunner(
+        cfg,
+        options=options or RunOptions(materialize=materialize),
+        client_factory=lambda: api,
+    )
+    return runner, api
+
+
+def invocation(tmp_path: Path, name="0123abcd") -> Invocation:
+    ws = tmp_path / name
+    ws.mkdir(mode=0o700)
+    return Invocation("ab" * 16, name, tmp_path / "seed", ws, b"print(1)")
+
+
+async def test_success_prepares_workspace_and_removes_container(tmp_path):
+    runner, api = make()
+    inv = invocation(tmp_path)
+    report = await runner.run(inv)
+    assert report.failure is None
+    assert (inv.workspace / "script.py").read_bytes() == b"print(1)"
+    assert (inv.workspace / "script.py").stat().st_mode & 0o777 == 0o444
+    assert (inv.workspace / "out").read_bytes() == b""
+    assert [c[0] for c in api.calls] == ["create", "start", "wait", "remove"]
+    assert api.containers_alive == set()
+    assert set(report.phases) == {"prepare", "create", "start", "wait", "remove"}
+
+
+@pytest.mark.parametrize(
+    ("code", "oom", "failure"),
+    [
+        (1, False, "query-nonzero-exit"),
+        (137, True, "query-oom"),
+        (137, False, "query-nonzero-exit"),
+    ],
+)
+async def test_exit_classification(tmp_path, code, oom, failure):
+    runner, api = make()
+    api.exit_code, api.oom = code, oom
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure == failure
+    assert api.containers_alive == set()
+
+
+async def test_launch_failure_still_cleans_up_by_name(tmp_path):
+    runner, api = make()
+    api.fail_create = True
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure == "query-launch-failed"
+    assert api.calls[-1] == ("remove", "bq-abababababababab-0123abcd")
+
+
+async def test_timeout_removes_the_running_container(tmp_path, autojump_clock):
+    runner, api = make(timeout_s=5)
+    api.block_wait = True
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure == "query-timeout"
+    assert api.calls[-1][0] == "remove"  # the removal is what ends the blocked wait
+    assert api.containers_alive == set()
+
+
+async def test_removal_retried_once(tmp_path):
+    runner, api = make()
+    api.fail_remove = 1
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure is None
+    assert api.containers_alive == set()
+
+
+async def test_removal_failure_is_cleanup_failed(tmp_path):
+    runner, api = make()
+    api.fail_remove = 2
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure == "cleanup-failed"
+
+
+async def test_cleanup_failed_wins_over_exit_status(tmp_path):
+    runner, api = make()
+    api.exit_code, api.fail_remove = 3, 2
+    assert (await runner.run(invocation(tmp_path))).failure == "cleanup-failed"
+
+
+async def test_existing_workspace_files_are_a_runner_fault(tmp_path):
+    runner, api = make()
+    inv = invocation(tmp_path)
+    (inv.workspace / "out").symlink_to("/etc/passwd")
+    report = await runner.run(inv)
+    assert report.failure == "runner-internal"
+    assert api.calls == []  # nothing launched
+
+
+async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp_path):
+    runner, api = make(materialize="overlay")
+    first = await runner.run(invocation(tmp_path, "01"))
+    second = await runner.run(invocation(tmp_path, "02"))
+    assert first.failure is None
+    assert second.failure is None
+    preps = [c for c in api.calls if c[0] == "create" and c[1] is None]
+    assert len(preps) == 1  # the prep container ran once
+    # only the seed's view volume remains; prep, work and invocation volumes are gone
+    assert [n for n in api.volumes_alive] == [
+        n for n in api.volumes_alive if n.endswith("-view")
+    ]
+    assert len(api.volumes_alive) == 1
+    assert (tmp_path / "01" / "upper").is_dir()
+    assert (tmp_path / "01" / "work").is_dir()
+    mounts = api.last_body["HostConfig"]["Mounts"]
+    assert mounts[0]["Type"] == "volume"
+    assert mounts[0]["Target"] == "/query/repo"
+    assert await runner.reconcile() == 0
+    assert api.volumes_alive == {}
+
+
+async def test_failed_prep_falls_back_to_tmpfs_copy(tmp_path):
+    runner, api = make(materialize="overlay")
+    api.prep_exit = 1
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure is None
+    assert api.last_body["HostConfig"]["Mounts"][0]["Target"] == "/awf/seed"
+    assert api.volumes_alive == {}
+    assert not (tmp_path / "0123abcd" / "upper").exists()
+
+
+async def test_warm_reports_readiness(tmp_path):
+    runner, _api = make(materialize="overlay")
+    assert await runner.warm([tmp_path / "seed"]) == {str(tmp_path / "seed"): True}
+    runner_tmpfs, _ = make(materialize="tmpfs")
+    assert await runner_tmpfs.warm([tmp_path / "seed"]) == {}
+
+
+async def test_timings_are_collected_from_logs(tmp_path):
+    options = RunOptions(("--timings",), collect_timings=True, materialize="tmpfs")
+    runner, api = make(options=options)
+    report = await runner.run(invocation(tmp_path))
+    assert report.phases["materialize"] == 0.5
+    assert report.phases["run"] == 0.25
+    assert api.last_body["Cmd"] == ["--timings"]
+
+
+async def test_preflight_runs_a_probe(tmp_path):
+    runner, api = make("gvisor")
+    await runner.preflight()
+    assert api.last_body["HostConfig"]["Runtime"] == "runsc"
+    assert api.last_body["Entrypoint"][-2:] == ["-c", "pass"]
+    assert api.containers_alive == set()
+
+
+async def test_preflight_probe_failure(tmp_path):
+    runner, api = make("gvisor")
+    api.exit_code = 1
+    with pytest.raises(RunnerUnavailable, match="exited with 1"):
+        await runner.preflight()
+    assert api.containers_alive == set()
+
+
+async def test_preflight_never_falls_back(tmp_path):
+    runner, api = make("gvisor")
+    del api.runtimes["runsc"]
+    with pytest.raises(RunnerUnavailable, match="not registered"):
+        await runner.preflight()
+    assert api.calls == []
+
+
+async def test_reconcile_removes_listed_containers_and_raises_on_failure(tmp_path):
+    runner, api = make()
+    api.containers_alive = {"x", "y"}
+    api.listed = [{"Id": "x"}, {"Id": "y"}]
+    assert await runner.reconcile() == 2
+    api.listed = [{"Id": "z"}]
+    api.fail_remove = 2
+    with pytest.raises(RunnerUnavailable, match="cannot remove"):
+        await runner.reconcile()
+
+
+def test_unknown_materialize_mode():
+    with pytest.raises(ValueError, match="materialize"):
+        RunOptions(materialize="copy-everything")
+
+
+def test_runner_refuses_sbx():
+    cfg = RunnerSettings("sbx", "ab" * 16, "img", 30, MEMORY)
+    with pytest.raises(ValueError, match="cannot launch"):
+        DockerRunner(cfg)
+
+
+async def test_cancellation_still_removes(tmp_path, autojump_clock):
+    runner, api = make()
+    api.block_wait = True
+    with trio.move_on_after(0.5):
+        await runner.run(invocation(tmp_path))
+    assert api.containers_alive == set()
