@@ -24,11 +24,11 @@ from pathlib import Path
 
 import trio
 
-from .config import SLUG_RE, ConfigError, LoadedConfig, load_config
-from .events import EventSink
+from .config import SLUG_RE
+from .events import EventSink, append_step_summary
 from .outputs import DEFAULT_IMAGE
 from .paths import DEFAULT_BASE
-from .run import RunOptions, run
+from .run import RunOptions, load_reported, run
 
 __all__ = ["EXIT_HARNESS", "build_parser", "main"]
 
@@ -36,38 +36,8 @@ __all__ = ["EXIT_HARNESS", "build_parser", "main"]
 EXIT_HARNESS = 2
 
 
-def report_config_error(sink: EventSink, error: ConfigError) -> None:
-    """Emit one event per configuration problem."""
-    for problem in error.problems:
-        sink.emit(
-            "config_error",
-            location=problem.location,
-            message=problem.message,
-            hint=problem.hint,
-        )
-
-
-def load_or_report(source: str, sink: EventSink) -> LoadedConfig | None:
-    """Load the configuration, emitting events; None after a reported failure."""
-    try:
-        loaded = load_config(source, sys.stdin.buffer)
-    except ConfigError as exc:
-        report_config_error(sink, exc)
-        sink.emit("config_invalid", problems=len(exc.problems))
-        return None
-    for warning in loaded.warnings:
-        sink.emit("config_warning", message=warning)
-    sink.emit(
-        "config_loaded",
-        enabled=loaded.config.enabled,
-        repos=list(loaded.config.slugs),
-        runtime=loaded.config.runtime,
-    )
-    return loaded
-
-
 def _cmd_validate(args: argparse.Namespace, sink: EventSink) -> int:
-    loaded = load_or_report(args.config, sink)
+    loaded = load_reported(args.config, sink)
     if loaded is None:
         return EXIT_HARNESS
     config = loaded.config
@@ -120,10 +90,10 @@ def _agent_argv(raw: Sequence[str]) -> tuple[str, ...]:
     return tuple(argv)
 
 
-def _run_options(args: argparse.Namespace) -> RunOptions:
+def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions:
     return RunOptions(
         config_source=args.config,
-        agent=_agent_argv(args.agent),
+        agent=agent,
         seed_sources=parse_seed_sources(args.seed_source),
         workspace=Path(args.workspace).absolute(),
         agent_mounts=tuple(Path(p).absolute() for p in args.agent_mount),
@@ -134,7 +104,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
 
 def _cmd_run(args: argparse.Namespace, sink: EventSink) -> int:
     try:
-        options = _run_options(args)
+        options = _run_options(args, _agent_argv(args.agent))
     except UsageError as exc:
         sink.emit("usage_error", message=str(exc))
         return EXIT_HARNESS
@@ -161,20 +131,12 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
     from .run import prepare
 
     try:
-        options = RunOptions(
-            config_source=args.config,
-            agent=("true",),
-            seed_sources=parse_seed_sources(args.seed_source),
-            workspace=Path(args.workspace).absolute(),
-            agent_mounts=tuple(Path(p).absolute() for p in args.agent_mount),
-            image=args.image,
-            base=Path(args.state_base),
-        )
+        options = _run_options(args, ("true",))
     except UsageError as exc:
         sink.emit("usage_error", message=str(exc))
         return EXIT_HARNESS
     out_dir = Path(args.out).absolute()
-    loaded = load_or_report(args.config, sink)
+    loaded = load_reported(args.config, sink)
     if loaded is None:
         return EXIT_HARNESS
     if not loaded.config.enabled:
@@ -320,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a harness bug or an unexpected local failure
         sink.emit("harness_internal_error", error=exc.__class__.__name__, message=str(exc)[:500])
+        append_step_summary(
+            os.environ.get("GITHUB_STEP_SUMMARY"),
+            f"## Bounded queries — harness failure (exit {EXIT_HARNESS})\n\n"
+            f"`{exc.__class__.__name__}`: see the `harness_internal_error` event on stderr.\n",
+            sink,
+        )
         return EXIT_HARNESS
     return status
 

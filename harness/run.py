@@ -68,6 +68,7 @@ __all__ = [
     "PreparedRun",
     "RunOptions",
     "agent_environment",
+    "load_reported",
     "prepare",
     "reconcile_containers",
     "run",
@@ -160,6 +161,48 @@ def _exit_status(returncode: int) -> int:
 def _problems_event(sink: EventSink, event: str, problems: Sequence[Problem]) -> None:
     for problem in problems:
         sink.emit(event, location=problem.location, message=problem.message, hint=problem.hint)
+
+
+def load_reported(
+    source: str, sink: EventSink, summary_path: str | None = None
+) -> LoadedConfig | None:
+    """Load the configuration, reporting every problem; None after a failure.
+
+    Each problem is one ``config_error`` event (location, message, fix hint),
+    followed by ``config_invalid``; with ``summary_path`` (the value of
+    ``$GITHUB_STEP_SUMMARY``) the problems are also appended to the step
+    summary (seed 000 5.4: an invocation error is reported there too). On
+    success the legacy-entry warnings and ``config_loaded`` are emitted.
+    """
+    try:
+        loaded = load_config(source, sys.stdin.buffer)
+    except ConfigError as exc:
+        _problems_event(sink, "config_error", exc.problems)
+        sink.emit("config_invalid", problems=len(exc.problems))
+        markdown = "\n".join(
+            [
+                f"## Bounded queries — invalid configuration (exit {EXIT_HARNESS})",
+                "",
+                "Nothing was staged or started. Fix every problem below and run again:",
+                "",
+                *(
+                    f"- `{p.location}`: {p.message} — fix: {p.hint}"
+                    for p in exc.problems
+                ),
+                "",
+            ]
+        )
+        append_step_summary(summary_path, markdown, sink)
+        return None
+    for warning in loaded.warnings:
+        sink.emit("config_warning", message=warning)
+    sink.emit(
+        "config_loaded",
+        enabled=loaded.config.enabled,
+        repos=list(loaded.config.slugs),
+        runtime=loaded.config.runtime,
+    )
+    return loaded
 
 
 def reconcile_containers(docker_host: str, run_id: str) -> int:
@@ -464,20 +507,10 @@ async def run(
 ) -> int:
     """Run the harness once; returns the process exit status."""
     env = dict(os.environ if env is None else env)
-    try:
-        loaded = load_config(options.config_source, sys.stdin.buffer)
-    except ConfigError as exc:
-        _problems_event(sink, "config_error", exc.problems)
+    loaded = load_reported(options.config_source, sink, env.get("GITHUB_STEP_SUMMARY"))
+    if loaded is None:
         sink.emit("run_end", status=EXIT_HARNESS, phase="config")
         return EXIT_HARNESS
-    for warning in loaded.warnings:
-        sink.emit("config_warning", message=warning)
-    sink.emit(
-        "config_loaded",
-        enabled=loaded.config.enabled,
-        repos=list(loaded.config.slugs),
-        runtime=loaded.config.runtime,
-    )
     if not loaded.config.enabled:
         sink.emit("bounded_queries_disabled")
         status = await _run_agent_only(options, env, sink)

@@ -187,7 +187,15 @@ async def test_invalid_config_exits_2_without_running_the_agent(setup):
     )
     assert status == 2
     assert not marker.exists()
-    assert events_of(stream)[0]["location"] == "boundedQueries.timeout"
+    events = events_of(stream)
+    assert events[0]["location"] == "boundedQueries.timeout"
+    assert "540" in events[0]["hint"]
+    assert [e["event"] for e in events[-2:]] == ["config_invalid", "run_end"]
+    assert list(setup["base"].iterdir()) == []
+    summary = setup["summary"].read_text()
+    assert "invalid configuration (exit 2)" in summary
+    assert "`boundedQueries.timeout`" in summary
+    assert "fix: use a whole number of seconds from 1 to 540" in summary
 
 
 async def test_failed_preflight_exits_2_before_staging(setup):
