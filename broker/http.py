@@ -10,6 +10,15 @@ bodies are refused (the reference wrapper always sends a Content-Length).
 Anything else is an :class:`HttpReject`, a client fault whose ``reason`` goes
 to the audit log only.
 
+The head is measured on the raw bytes as received (request line, every
+header line with its whitespace, the blank line), not on what h11 hands back
+after trimming: h11 checks its cap only while a head is incomplete, so a head
+that arrives in one read would otherwise be undercounted. The same raw head
+is checked for what h11 tolerates but a smuggling-resistant server must not:
+obsolete line folding (h11 silently unfolds it) and a repeated
+Content-Length (h11 silently merges identical copies). Every check depends
+only on the client's own bytes, so refusing at once leaks nothing.
+
 Responses are not built by h11: every response the broker ever sends is the
 same fixed status line and header block around one of the two canonical
 bodies (:func:`response_bytes`), so no error path can produce a distinguishable
@@ -20,6 +29,7 @@ response so curl does not stall for a second before sending the body.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 import h11
@@ -32,6 +42,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "HttpReject",
     "HttpRequest",
+    "check_raw_head",
     "read_request",
     "response_bytes",
     "send_response",
@@ -82,9 +93,15 @@ def response_bytes(body: bytes) -> bytes:
 
 
 async def _next_event(
-    conn: h11.Connection, stream: trio.abc.Stream, malformed: str = "http-malformed"
+    conn: h11.Connection,
+    stream: trio.abc.Stream,
+    malformed: str = "http-malformed",
+    record: bytearray | None = None,
 ) -> object:
-    """Next h11 event, receiving more bytes as needed (EOF is fed to h11)."""
+    """Next h11 event, receiving more bytes as needed (EOF is fed to h11).
+
+    Every byte received is also appended to ``record`` when one is given.
+    """
     while True:
         try:
             event = conn.next_event()
@@ -96,10 +113,37 @@ async def _next_event(
             data = await stream.receive_some(RECEIVE_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise HttpReject("http-connection-lost") from exc
+        if record is not None:
+            record += data
         try:
             conn.receive_data(bytes(data))
         except h11.RemoteProtocolError as exc:  # pragma: no cover - h11 raises in next_event
             raise HttpReject("http-malformed") from exc
+
+
+#: An obsolete line fold: a header line that starts with a space or a tab.
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+
+
+def check_raw_head(head: bytes) -> str | None:
+    """Audit reason for a raw head h11 accepted but we refuse, else None (pure).
+
+    ``head`` is the complete request head exactly as received, up to and
+    including the blank line. Refused: more than :data:`MAX_HEADER_BYTES`,
+    obsolete line folding, and more than one Content-Length line.
+    """
+    if len(head) > MAX_HEADER_BYTES:
+        return "http-header-too-large"
+    if _OBS_FOLD.search(head) is not None:
+        return "http-obs-fold"
+    lengths = 0
+    for line in head.split(b"\n")[1:]:
+        name, colon, _ = line.partition(b":")
+        if colon and name.strip().lower() == b"content-length":
+            lengths += 1
+    if lengths > 1:
+        return "http-duplicate-content-length"
+    return None
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
@@ -124,19 +168,20 @@ async def read_request(
             missed deadline, or the peer went away before the request ended.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+    raw_head = bytearray()
     with trio.move_on_after(header_timeout_s) as head_scope:
-        event = await _next_event(conn, stream)
+        event = await _next_event(conn, stream, record=raw_head)
     if head_scope.cancelled_caught:
         raise HttpReject("http-header-timeout")
     if not isinstance(event, h11.Request):
         raise HttpReject("http-no-request")
     headers = list(event.headers.raw_items())
-    # h11 enforces the cap only while the head is incomplete; a head that
-    # arrives in one read is measured here (request line + "name: value\r\n").
-    head_size = len(event.method) + len(event.target) + 12
-    head_size += sum(len(name) + len(value) + 4 for name, value in headers)
-    if head_size > MAX_HEADER_BYTES:
-        raise HttpReject("http-header-too-large")
+    # The raw head is what was received minus what h11 has not consumed yet
+    # (the start of the body, or a pipelined request).
+    unconsumed, _ = conn.trailing_data
+    reason = check_raw_head(bytes(raw_head[: len(raw_head) - len(unconsumed)]))
+    if reason is not None:
+        raise HttpReject(reason)
     lowered = [(name.lower(), value) for name, value in headers]
     if any(name == b"transfer-encoding" for name, _ in lowered):
         raise HttpReject("http-chunked-body")

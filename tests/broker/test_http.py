@@ -169,3 +169,58 @@ def test_response_layout_is_fixed():
         b"connection: close\r\n\r\n"
         b'{"status":"error"}'
     )
+
+
+# -- raw-head checks (review): measured as received, smuggling shapes refused --
+
+
+async def test_whitespace_padding_counts_toward_the_header_cap():
+    # h11 trims optional whitespace around values and measures only
+    # incomplete heads: a padded head arriving in one read must still count.
+    pad = b"X-Pad: a" + b" " * MAX_HEADER_BYTES + b"b\r\n"
+    raw = request_bytes("write true").replace(b"Accept:", pad + b"Accept:", 1)
+    assert len(raw) < 16 * 1024  # one receive call
+    whole, _ = await _serve_bytes([raw])
+    assert whole == {"reject": "http-header-too-large"}
+    padded_value_only = b"X-Pad: " + b"\t" * MAX_HEADER_BYTES + b"c\r\n"
+    raw = request_bytes("write true").replace(b"Accept:", padded_value_only + b"Accept:", 1)
+    whole, _ = await _serve_bytes([raw])
+    assert whole == {"reject": "http-header-too-large"}
+
+
+async def test_head_one_byte_over_the_cap_is_refused_exactly():
+    base = request_bytes("x")
+    head_len = base.index(b"\r\n\r\n") + 4
+    pad_len = MAX_HEADER_BYTES - head_len - len(b"X-Pad: \r\n")
+    at_cap = base.replace(b"Accept:", b"X-Pad: " + b"a" * pad_len + b"\r\nAccept:", 1)
+    result, _ = await _serve_bytes([at_cap])
+    assert "request" in result
+    over = base.replace(b"Accept:", b"X-Pad: " + b"a" * (pad_len + 1) + b"\r\nAccept:", 1)
+    result, _ = await _serve_bytes([over])
+    assert result == {"reject": "http-header-too-large"}
+
+
+@pytest.mark.parametrize("fold", [b"\r\n ", b"\r\n\t"])
+async def test_obsolete_line_folding_is_refused(fold):
+    raw = request_bytes("write true").replace(b"X-AWF-Repo: octo/", b"X-AWF-Repo: octo/" + fold)
+    for chunks in ([raw], _one_byte_at_a_time(raw)):
+        result, _ = await _serve_bytes(chunks)
+        assert result == {"reject": "http-obs-fold"}
+
+
+@pytest.mark.parametrize("second", [b"Content-Length: 1", b"content-length:1"])
+async def test_repeated_content_length_is_refused_even_when_equal(second):
+    first = b"Content-Length: 1\r\n"
+    raw = request_bytes("x").replace(first, first + second + b"\r\n")
+    result, _ = await _serve_bytes([raw])
+    assert result == {"reject": "http-duplicate-content-length"}
+
+
+async def test_pipelined_bytes_are_not_counted_in_the_head():
+    one = request_bytes("x")
+    base_head = one.index(b"\r\n\r\n") + 4
+    pad_len = MAX_HEADER_BYTES - base_head - len(b"X-Pad: \r\n")
+    at_cap = one.replace(b"Accept:", b"X-Pad: " + b"a" * pad_len + b"\r\nAccept:", 1)
+    result, _ = await _serve_bytes([at_cap + one])
+    request = result["request"]
+    assert request.body == b"x"
