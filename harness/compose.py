@@ -25,6 +25,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -136,8 +137,12 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(module.__path__)))
 
 
-def broker_image_context(context: Path, wheels: Path) -> str:
-    """Fill ``context`` with the Dockerfile, wheels and project code; return the recipe."""
+def broker_image_context(context: Path, wheels: Path, base_id: str = "") -> str:
+    """Fill ``context`` with the Dockerfile, wheels and project code; return the recipe.
+
+    The recipe digests the whole context and ``base_id`` (the query image's
+    id), so rebuilding the query image also rebuilds the broker image.
+    """
     (context / "wheels").mkdir()
     pip_wheel = ""
     for wheel in sorted(wheels.glob("*.whl")):
@@ -153,7 +158,7 @@ def broker_image_context(context: Path, wheels: Path) -> str:
             site / name,
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "image"),
         )
-    requirements = " ".join(BROKER_REQUIREMENTS)
+    requirements = " ".join(p for p in _pins() if not p.startswith("pip"))
     dockerfile = f"""FROM {QUERY_IMAGE}
 USER 0:0
 COPY wheels /opt/bq-wheels
@@ -166,7 +171,7 @@ WORKDIR /
 ENTRYPOINT ["/usr/bin/python3", "-m", "bounded_query.broker"]
 """
     (context / "Dockerfile").write_text(dockerfile)
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(base_id.encode() + b"\0")
     for path in sorted(context.rglob("*")):
         if path.is_file():
             digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
@@ -176,25 +181,47 @@ ENTRYPOINT ["/usr/bin/python3", "-m", "bounded_query.broker"]
     return recipe
 
 
-def ensure_broker_image(docker_host: str, wheels: Path | None = None) -> str:
-    """Build the broker image unless an identical recipe is present; return the recipe."""
+def ensure_broker_image(
+    docker_host: str, wheels: Path | None = None, query_image: str = QUERY_IMAGE
+) -> str:
+    """Build the broker image unless an identical recipe is present; return the recipe.
+
+    Idempotent: an unchanged recipe is not rebuilt, and a rebuild removes the
+    image it supersedes (so repeated runs leave no dangling images).
+
+    Raises:
+        ComposeError: the query image (the base) is missing -- nothing can be
+            pulled, so the operator must build it with ``make images`` -- or
+            the build failed.
+    """
     import docker
 
-    wheel_dir = wheels if wheels is not None else prepare_wheels()
     client = docker.DockerClient(base_url=docker_host, timeout=COMPOSE_TIMEOUT_S)
     try:
+        try:
+            base_id = str(client.images.get(query_image).id)
+        except docker.errors.ImageNotFound:
+            raise ComposeError(
+                f"the query image {query_image} is missing; the broker image is built on it "
+                "and nothing can be pulled: build it first with `make images`"
+            ) from None
+        wheel_dir = wheels if wheels is not None else prepare_wheels()
         with tempfile.TemporaryDirectory(prefix="bq-broker-image-", dir="/var/tmp") as tmp:
-            recipe = broker_image_context(Path(tmp), wheel_dir)
+            recipe = broker_image_context(Path(tmp), wheel_dir, base_id)
             try:
-                have = client.images.get(BROKER_IMAGE).labels.get(RECIPE_LABEL)
+                old = client.images.get(BROKER_IMAGE)
             except docker.errors.ImageNotFound:
-                have = None
-            if have != recipe:
+                old = None
+            if old is None or old.labels.get(RECIPE_LABEL) != recipe:
                 try:
-                    client.images.build(path=tmp, tag=BROKER_IMAGE, rm=True, forcerm=True)
+                    new = client.images.build(path=tmp, tag=BROKER_IMAGE, rm=True, forcerm=True)[0]
                 except docker.errors.BuildError as exc:
                     tail = " ".join(str(x.get("stream", "")).strip() for x in exc.build_log)
                     raise ComposeError(f"broker image build failed: {exc} {tail[-800:]}") from None
+                if old is not None and old.id != new.id:
+                    # Still used by a running broker: it goes with that broker.
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.images.remove(old.id)
         return recipe
     finally:
         client.close()

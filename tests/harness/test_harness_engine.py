@@ -128,16 +128,14 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
     assert "Refused before launch (any repository): 3" in summary
 
 
-async def test_run_answers_and_drains_the_ledger(engine, tmp_path):
+async def run_agent(
+    tmp_path: Path, section: dict, commits: int, starter=None
+) -> tuple[int, list[dict], list[str]]:
+    """Run AGENT (three SCHEMA questions) against ``octo/alpha`` staged locally."""
     source = tmp_path / "src"
-    make_repo(source, {"README.md": "hello\n"}, commits=3)
+    make_repo(source, {"README.md": "hello\n"}, commits=commits)
     config = tmp_path / "config.json"
-    config.write_text(
-        json.dumps(
-            {"boundedQueries": {"enabled": True, "privateRepos": [
-                {"repo": "octo/alpha", "sensitivity": "internal"}]}}
-        )
-    )
+    config.write_text(json.dumps({"boundedQueries": section}))
     (tmp_path / "script.py").write_text(SCRIPT)
     (tmp_path / "agent.py").write_text(AGENT)
     stream = io.StringIO()
@@ -155,13 +153,22 @@ async def test_run_answers_and_drains_the_ledger(engine, tmp_path):
             workspace=tmp_path,
             base=base,
         )
-        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]})
+        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
         assert list(base.iterdir()) == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    report = tmp_path / "report.json"
+    answers = json.loads(report.read_text())["answers"] if report.exists() else []
+    return status, events, answers
+
+
+ALPHA = {"enabled": True, "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+
+
+async def test_run_answers_and_drains_the_ledger(engine, tmp_path):
+    status, events, answers = await run_agent(tmp_path, ALPHA, commits=3)
     assert status == 0, events
-    report = json.loads((tmp_path / "report.json").read_text())
     ok = '{"status":"ok","result":{"readme":true,"commits":3}}\n'
-    assert report["answers"] == [ok, ok, ok]
+    assert answers == [ok, ok, ok]
     usage = next(e for e in events if e["event"] == "repo_usage")
     assert usage["spent"] == 27  # three times 1 + ceil(log2(32)) + 3 = 9
     assert usage["invocations"] == 3
@@ -241,37 +248,35 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
 async def test_run_with_gvisor_or_compose_broker(engine, tmp_path, mode):
     from bounded_query.harness.compose import compose_broker_starter
 
-    source = tmp_path / "src"
-    make_repo(source, {"README.md": "hello\n"}, commits=1)
-    section = {"enabled": True, "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
-    if mode == "gvisor":
-        section["runtime"] = "gvisor"
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"boundedQueries": section}))
-    (tmp_path / "script.py").write_text(SCRIPT)
-    (tmp_path / "agent.py").write_text(AGENT)
-    stream = io.StringIO()
-    with var_tmp_base() as base:
-        options = RunOptions(
-            config_source=str(config),
-            agent=(
-                sys.executable,
-                str(tmp_path / "agent.py"),
-                json.dumps(SCHEMA),
-                str(tmp_path / "script.py"),
-                str(tmp_path / "report.json"),
-            ),
-            seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
-            base=base,
-        )
-        starter = compose_broker_starter(None) if mode == "compose" else None
-        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
-        assert list(base.iterdir()) == []
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    section = {**ALPHA, "runtime": "gvisor"} if mode == "gvisor" else ALPHA
+    starter = compose_broker_starter(None) if mode == "compose" else None
+    status, events, answers = await run_agent(tmp_path, section, commits=1, starter=starter)
     assert status == 0, events
     ok = '{"status":"ok","result":{"readme":true,"commits":1}}\n'
-    assert json.loads((tmp_path / "report.json").read_text())["answers"] == [ok] * 3
+    assert answers == [ok] * 3
     run_id_events = [e for e in events if e["event"] == "preflight_passed"]
     assert run_id_events[0]["runtime"] == section.get("runtime", "docker")
     assert engine.containers.list(all=True, filters={"label": HARNESS_LABEL}) == []
+
+
+def test_broker_image_without_the_query_image_tells_to_run_make_images(engine, tmp_path):
+    from bounded_query.harness.compose import ComposeError, ensure_broker_image
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    with pytest.raises(ComposeError, match="make images"):
+        # The empty wheel directory proves the check comes before any download.
+        ensure_broker_image(host, wheels=tmp_path, query_image="bounded-query-absent:never")
+
+
+def test_broker_image_build_is_idempotent(engine):
+    from bounded_query.harness.compose import BROKER_IMAGE, RECIPE_LABEL, ensure_broker_image
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    recipe = ensure_broker_image(host)
+    first = engine.images.get(BROKER_IMAGE)
+    dangling = {i.id for i in engine.images.list(filters={"dangling": True})}
+    assert ensure_broker_image(host) == recipe
+    again = engine.images.get(BROKER_IMAGE)
+    assert again.id == first.id
+    assert again.labels[RECIPE_LABEL] == recipe
+    assert {i.id for i in engine.images.list(filters={"dangling": True})} <= dangling
