@@ -139,13 +139,35 @@ def _budget_text(bits: int | None, sensitivity: str) -> str:
     return f"{bits} bits/run (`{sensitivity}`)"
 
 
+def _capacity_text(bits: int | None) -> str:
+    """What a run budget buys, from the protocol's own charges."""
+    if bits is None:
+        return "no bit budget (never refused for bits); only the request limit applies"
+    floor = charge_of({"type": "const", "value": 0})[1]
+    if bits < floor:
+        return "cannot fund any question: every request is refused"
+    yes_no = charge_of({"type": "boolean"})[1]
+    overhead = protocol.RESULT_STATUS_BIT_COST + protocol.TIMING_BUCKET_BITS
+    largest = bits - overhead
+    return (
+        f"room for {bits // yes_no} yes/no question{'s' if bits // yes_no != 1 else ''},"
+        " or a single answer with up to"
+        f" {2**largest if largest <= 20 else f'2^{largest}'} possible values"
+    )
+
+
 def _repo_section(config: BoundedQueriesConfig) -> list[str]:
-    lines = ["## Repositories", ""]
+    lines = [
+        "## Repositories",
+        "",
+        "Each repository has its own budget for this whole run (it never refills).",
+        "",
+    ]
     for repo in config.private_repos:
-        line = f"- `{repo.repo}` — {_budget_text(repo.budget, repo.sensitivity)}"
-        if repo.sensitivity == "sealed":
-            line += " — cannot fund any question; every request is refused"
-        lines.append(line)
+        lines.append(
+            f"- `{repo.repo}` — {_budget_text(repo.budget, repo.sensitivity)}:"
+            f" {_capacity_text(repo.budget)}"
+        )
     return [*lines, ""]
 
 
@@ -153,7 +175,8 @@ def _charge_table(examples: Sequence[Example]) -> list[str]:
     status = protocol.RESULT_STATUS_BIT_COST
     timing = protocol.TIMING_BUCKET_BITS
     lines = [
-        "| schema | cardinality | charge (bits) | per 64-bit run | per 8-bit run |",
+        "| schema | cardinality | charge (bits) = status + schema + timing"
+        " | how many fit in 64 bits (`internal`) | in 8 bits (`confidential`) |",
         "|---|---:|---:|---:|---:|",
     ]
     for example in examples:
@@ -163,6 +186,15 @@ def _charge_table(examples: Sequence[Example]) -> list[str]:
             f" + {timing} = **{bits}** | {64 // bits} | {8 // bits} |"
         )
     return lines
+
+
+def _cost_tool_sample() -> list[str]:
+    """The cost tool's real output for the boolean example (same code, same numbers)."""
+    from bounded_query.wrapper import bounded_query_cost as cost_tool
+
+    schema = _compact({"type": "boolean"})
+    report = cost_tool.render(cost_tool.assess(schema.encode(), protocol), protocol, False)
+    return [f"$ bounded-query-cost --schema '{schema}'", *report.rstrip("\n").splitlines()]
 
 
 def _examples(first_repo: str) -> list[str]:
@@ -231,16 +263,25 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "",
         "## The schema language",
         "",
-        "| type | shape | cardinality |",
-        "|---|---|---|",
-        '| const | `{"type":"const","value":L}` | 1 |',
-        '| boolean | `{"type":"boolean"}` | 2 |',
-        '| enum | `{"type":"enum","values":[L,...]}` (unique, same JSON type) | number of values |',
-        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | M - N + 1 |',
-        '| object | `{"type":"object","fields":{"k":S,...}}` (all required) | product |',
-        '| tuple | `{"type":"tuple","items":[S,...]}` | product |',
-        '| array | `{"type":"array","items":S,"length":N}` (fixed length) | card(S)^N |',
-        '| union | `{"type":"union","variants":{"tag":S,...}}` | sum |',
+        "| type | schema | the script writes | cardinality |",
+        "|---|---|---|---|",
+        '| const | `{"type":"const","value":L}` | exactly `L` | 1 |',
+        '| boolean | `{"type":"boolean"}` | `true` or `false` | 2 |',
+        '| enum | `{"type":"enum","values":[L,...]}` (distinct, one JSON type)'
+        " | one of the values | number of values |",
+        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M'
+        " | M - N + 1 |",
+        '| object | `{"type":"object","fields":{"k":S,...}}` | an object with every field'
+        " | product |",
+        '| tuple | `{"type":"tuple","items":[S,...]}` | a list, one value per item | product |',
+        '| array | `{"type":"array","items":S,"length":N}` | a list of exactly N values'
+        " | card(S)^N |",
+        '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}`'
+        " | sum |",
+        "",
+        "`S` is any schema (nesting is allowed). A value that does not match the schema",
+        "exactly (a missing field, an extra key, `1.0` for an integer, a value out of",
+        "range) is an error -- and is still charged.",
         "",
         "A literal `L` is a string of at most "
         f"{protocol.MAX_LITERAL_STRING_BYTES} UTF-8 bytes, a safe integer, a boolean or null.",
@@ -256,16 +297,27 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "",
         f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
         "",
-        f"The cheapest question (a `const`) costs {floor} bits. Answers are released only at",
-        f"one of the fixed timing buckets ({buckets}), so latency",
-        "is paid for by the timing bits. Worked examples (computed by the broker's own code):",
+        f"The cheapest question (a `const`) costs {floor} bits. An answer is released only",
+        f"at the first of the fixed timing buckets ({buckets}) that the",
+        "query (start to cleanup) fits in, so its duration reveals no more than the",
+        f"{timing} timing bits already charged; a script that runs past the timeout is an",
+        "error. Worked examples (computed by the broker's own code):",
         "",
         *_charge_table(EXAMPLES),
         "",
         "## Sizing a question to the budget",
         "",
-        "- Check a schema before spending anything: `bounded-query-cost --schema '<schema>'`",
-        "  prints its validity, exact cardinality and charge (local, free).",
+        "Nothing tells you your remaining budget, and a refusal looks like any other",
+        "error: keep your own ledger (budget minus the charge of every request that",
+        "was not refused) and only ask what still fits.",
+        "",
+        "- Check a schema before spending anything with `bounded-query-cost` (local and",
+        "  free; exit status 0 valid, 1 invalid; `--json` for one JSON object):",
+        "",
+        "```console",
+        *_cost_tool_sample(),
+        "```",
+        "",
         "- Ask for the smallest answer that decides your next step: a boolean or a",
         "  small enum instead of a count; bucket counts into a few ranges; cap",
         "  integers (`min(n, 1000)`) and keep the range tight.",

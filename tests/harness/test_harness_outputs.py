@@ -112,6 +112,30 @@ def test_worked_table_numbers_come_from_the_protocol():
         assert row.endswith(f"| {64 // bits} | {8 // bits} |")
 
 
+def test_skill_says_what_each_budget_buys_and_how_to_keep_a_ledger():
+    text = render_skill(CONFIG)
+    # boolean = 1 + 1 + 3 = 5 bits; the largest answer leaves room for status and timing.
+    assert "64 bits/run (`internal`): room for 12 yes/no questions, or a single answer" \
+        " with up to 2^60 possible values" in text
+    assert "8 bits/run (`confidential`): room for 1 yes/no question, or a single answer" \
+        " with up to 16 possible values" in text
+    assert "0 bits/run (`sealed`): cannot fund any question" in text
+    assert "unmetered (`public`): no bit budget" in text
+    assert "keep your own ledger" in text
+    assert '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}`' in text
+
+
+def test_skill_shows_the_cost_tools_real_output(paths):
+    write_agent_side(paths, CONFIG)
+    done = subprocess.run(
+        [sys.executable, str(paths.wrapper_dir / "bounded-query-cost"), "--schema",
+         '{"type":"boolean"}'],
+        capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"},
+    )
+    text = paths.skill_file.read_text()
+    assert "$ bounded-query-cost --schema '{\"type\":\"boolean\"}'\n" + done.stdout in text
+
+
 def test_agent_side_is_read_only_and_verbatim(paths):
     write_agent_side(paths, CONFIG)
     wrapper = paths.wrapper_dir
