@@ -97,7 +97,7 @@ EXAMPLES: tuple[Example, ...] = (
         "For 4 named files, does each exist?",
         {"type": "array", "items": {"type": "boolean"}, "length": 4},
         "import json, os\n"
-        'names = ["setup.py", "Dockerfile", ".github", "docs"]\n'
+        'names = ["setup.py", "src", "tests", "docs"]\n'
         'json.dump([os.path.exists(f"/query/repo/{n}") for n in names],\n'
         '          open("/query/out", "w"))\n',
     ),

@@ -70,6 +70,19 @@ def engine(docker_client):
     return docker_client
 
 
+def agent_argv(tmp_path: Path) -> tuple[str, ...]:
+    """AGENT asking SCHEMA with SCRIPT (both written to ``tmp_path``) three times."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    (tmp_path / "agent.py").write_text(AGENT)
+    return (
+        sys.executable,
+        str(tmp_path / "agent.py"),
+        json.dumps(SCHEMA),
+        str(tmp_path / "script.py"),
+        str(tmp_path / "report.json"),
+    )
+
+
 def leftover(client, label: str, value: str) -> list[str]:
     found = client.containers.list(all=True, filters={"label": f"{label}={value}"})
     return [c.name for c in found]
@@ -86,8 +99,6 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
         "boundedQueries:\n  enabled: true\n  privateRepos:\n"
         "    - {repo: octo/alpha, sensitivity: confidential}\n"
     )
-    (tmp_path / "script.py").write_text(SCRIPT)
-    (tmp_path / "agent.py").write_text(AGENT)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     stream = io.StringIO()
@@ -100,13 +111,7 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
         }
         options = RunOptions(
             config_source=str(config),
-            agent=(
-                sys.executable,
-                str(tmp_path / "agent.py"),
-                json.dumps(SCHEMA),
-                str(tmp_path / "script.py"),
-                str(tmp_path / "report.json"),
-            ),
+            agent=agent_argv(tmp_path),
             workspace=workspace,
             base=base,
         )
@@ -136,19 +141,11 @@ async def run_agent(
     make_repo(source, {"README.md": "hello\n"}, commits=commits)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"boundedQueries": section}))
-    (tmp_path / "script.py").write_text(SCRIPT)
-    (tmp_path / "agent.py").write_text(AGENT)
     stream = io.StringIO()
     with var_tmp_base() as base:
         options = RunOptions(
             config_source=str(config),
-            agent=(
-                sys.executable,
-                str(tmp_path / "agent.py"),
-                json.dumps(SCHEMA),
-                str(tmp_path / "script.py"),
-                str(tmp_path / "report.json"),
-            ),
+            agent=agent_argv(tmp_path),
             seed_sources={"octo/alpha": source},
             workspace=tmp_path,
             base=base,
@@ -238,10 +235,12 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
     assert status == 0, out
     for kind in ("const", "boolean", "enum", "integer", "object", "tuple", "array", "union"):
         assert f"\n{kind:8} " in out
+    # The skill's eight copyable examples (59 bits) and one more boolean all answer.
     assert out.count('{"status":"ok"') == 9
-    assert "<- refused: 14 bits > 9 left" in out
+    assert '-> {"status":"ok","result":{"tag":"major","value":2}}' in out
+    assert "<- refused: 14 bits > 5 left" in out
     assert "a boolean question -> {\"status\":\"error\"}" in out
-    assert "| `example/widgets` | internal | 64 | 60 | 9 |" in out
+    assert "| `example/widgets` | internal | 64 | 64 | 9 |" in out
 
 
 @pytest.mark.parametrize("mode", ["gvisor", "compose"])
