@@ -15,7 +15,8 @@ exists:
    reachable from a request;
 3. the checked-out commit is recorded;
 4. the seed is scrubbed: remotes and remote-tracking refs, credential
-   helpers (the whole ``.git/config`` is replaced by a minimal one), hooks,
+   helpers (the whole ``.git/config`` is replaced by a minimal one, and
+   ``config.worktree`` and the legacy ``remotes/``/``branches/`` go), hooks,
    alternates, worktree links, reflogs, FETCH_HEAD/ORIG_HEAD;
 5. submodules (``.gitmodules``, ``.git/modules``), a symlinked ``.git`` and a
    gitdir pointer file are rejected;
@@ -296,7 +297,9 @@ def scrub(seed: Path, home: Path) -> None:
     if object_format != "sha1":
         config += f"[extensions]\n\tobjectformat = {object_format}\n"
     (dot_git / "config").write_text(config)
-    for name in ("hooks", "logs", "worktrees", "refs/remotes"):
+    # "remotes" and "branches" are git's legacy remote definitions;
+    # "config.worktree" is per-worktree config (it may hold credentials too).
+    for name in ("hooks", "logs", "worktrees", "refs/remotes", "remotes", "branches"):
         remove_tree(dot_git / name)
     for name in (
         "FETCH_HEAD",
@@ -305,6 +308,7 @@ def scrub(seed: Path, home: Path) -> None:
         "objects/info/http-alternates",
         "commondir",
         "gitdir",
+        "config.worktree",
     ):
         remove_tree(dot_git / name)
     packed = dot_git / "packed-refs"

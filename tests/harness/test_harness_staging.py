@@ -17,6 +17,7 @@ from bounded_query.harness.staging import (
     make_read_only,
     reject_external_references,
     remove_tree,
+    scrub,
     server_url,
     stage_seeds,
     verify_seed,
@@ -98,6 +99,47 @@ def test_stage_over_http_with_askpass_leaves_no_token(tmp_path, paths, capfd):
     assert stat.S_IMODE((seed.path / "README.md").stat().st_mode) == 0o444
     assert stat.S_IMODE((seed.path / "bin" / "tool").stat().st_mode) == 0o555
     assert stat.S_IMODE(paths.private_root.stat().st_mode) == 0o711
+
+
+def test_scrub_removes_every_external_reference_from_a_dirty_checkout(tmp_path):
+    secret = "s3cret-" + secrets.token_hex(8)
+    other = tmp_path / "other"
+    make_repo(other, {"x": "x\n"})
+    seed = tmp_path / "seed"
+    head = make_repo(seed, FILES, commits=2)
+    dot_git = seed / ".git"
+    git(seed, "remote", "add", "origin", f"https://user:{secret}@example.invalid/o/r.git")
+    git(seed, "config", "credential.helper", f"store --file=/{secret}")
+    git(seed, "update-ref", "refs/remotes/origin/main", head)
+    git(seed, "update-ref", "refs/remotes/origin/packed", head)
+    git(seed, "pack-refs", "--all")
+    git(seed, "update-ref", "refs/remotes/origin/loose", head)
+    git(seed, "worktree", "add", "-q", "--detach", str(tmp_path / "wt"))
+    (dot_git / "hooks" / "post-checkout").write_text(f"#!/bin/sh\necho {secret}\n")
+    (dot_git / "objects" / "info" / "alternates").write_text(f"{other}/.git/objects\n")
+    (dot_git / "FETCH_HEAD").write_text(f"{head}\t\tbranch 'main' of https://{secret}@x/\n")
+    (dot_git / "ORIG_HEAD").write_text(head + "\n")
+    (dot_git / "config.worktree").write_text(f"[credential]\n\thelper = {secret}\n")
+    (dot_git / "remotes").mkdir()
+    (dot_git / "remotes" / "legacy").write_text(f"URL: https://{secret}@example.invalid/r\n")
+    assert (dot_git / "logs" / "HEAD").exists()
+    home = tmp_path / "home"
+    home.mkdir()
+
+    scrub(seed, home)
+
+    for name in ("hooks", "logs", "worktrees", "refs/remotes", "remotes", "FETCH_HEAD",
+                 "ORIG_HEAD", "objects/info/alternates", "config.worktree"):
+        assert not os.path.lexists(dot_git / name), name
+    for path, data in all_bytes_under(dot_git):
+        assert secret.encode() not in data, path
+        assert b"refs/remotes/" not in data, path
+    assert (dot_git / "config").read_text().splitlines()[0] == "[core]"
+    assert git(seed, "remote").strip() == ""
+    assert git(seed, "for-each-ref", "--format=%(refname)").split() == ["refs/heads/main"]
+    assert git(seed, "rev-parse", "HEAD").strip() == head
+    assert git(seed, "status", "--porcelain").strip() == ""
+    git(seed, "fsck", "--no-dangling")
 
 
 def test_wrong_token_fails_without_leaking_it(tmp_path, paths):
