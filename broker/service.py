@@ -41,8 +41,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
-import stat
 import sys
 import time
 import traceback
@@ -58,7 +56,6 @@ from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched,
 from bounded_query.broker.ledger import Ledger, affordable
 from bounded_query.broker.protocol import (
     CANONICAL_ERROR_BODY,
-    MAX_RESULT_BYTES,
     TIMING_BUCKETS_MS,
     RequestError,
     Schema,
@@ -70,6 +67,7 @@ from bounded_query.broker.protocol import (
 )
 from bounded_query.broker.runner import Invocation, Runner
 from bounded_query.broker.timing import Landing, TimingOverflow, wait_for_boundary
+from bounded_query.broker.workspace import read_result_file, remove_tree
 
 __all__ = [
     "BOUNDARIES_S",
@@ -94,62 +92,6 @@ class Decision:
     category: str
     sensitivity: str | None = None
     charge: int | None = None
-
-
-def read_result_file(path: Path, limit: int = MAX_RESULT_BYTES) -> bytes | None:
-    """Read the query's answer safely; None if it is not a small regular file (spec 14.7).
-
-    O_NOFOLLOW refuses a symlink, O_NONBLOCK keeps a FIFO from blocking the
-    open, fstat refuses anything but a regular file, and at most
-    ``limit + 1`` bytes are read so a file growing behind our back cannot
-    make us read more.
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        chunks: list[bytes] = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def remove_tree(path: Path) -> bool:
-    """Remove a workspace without following symlinks; True when it is gone.
-
-    ``shutil.rmtree`` uses the fd-based, symlink-safe walk on Linux; write
-    bits are restored first so a query that chmod'ed its files read-only
-    cannot make cleanup fail.
-    """
-
-    def _retry(func: Callable[..., object], target: str, _exc: object) -> None:
-        parent = os.path.dirname(target)
-        os.chmod(parent, 0o700, follow_symlinks=False)
-        func(target)
-
-    try:
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=_retry)
-        else:
-            shutil.rmtree(path, onerror=_retry)
-    except OSError:
-        pass
-    return not os.path.lexists(path)
 
 
 class Service:
