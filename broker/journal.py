@@ -26,6 +26,7 @@ Replay policy (fail closed):
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -278,6 +279,7 @@ class JournalFile:
         self._fd = fd
         self.replayed: tuple[Record, ...] = scan.records
         self.torn_bytes = scan.torn_bytes
+        self._wedged = False
 
     @classmethod
     def open(cls, path: Path, run_id: str) -> JournalFile:
@@ -325,16 +327,33 @@ class JournalFile:
         ``sync=False`` is for records that authorize nothing (outcomes): they
         reach the disk with the next fsync or the page cache writeback.
 
+        A failed append is rolled back: the file is truncated to its length
+        before the call, so a disk that fills up mid-record leaves no torn
+        record that a later append would bury in the middle of the file
+        (which replay must treat as corruption). If even the rollback fails,
+        the journal refuses every later append.
+
         Raises:
-            OSError: the write or fsync failed; the caller must not act.
+            OSError: the write or fsync failed (nothing may act on these
+                records), or an earlier rollback failed.
         """
+        if self._wedged:
+            raise OSError(errno.EIO, "journal: an earlier failed append could not be rolled back")
         data = b"".join(encode_record(r) for r in records)
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if sync:
-            os.fsync(self._fd)
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if sync:
+                os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                self._wedged = True
+            raise
 
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""

@@ -222,3 +222,59 @@ def test_unsynced_append_is_replayed(tmp_path: Path):
     again = JournalFile.open(path, RUN)
     assert again.replayed == (Header(RUN), *SAMPLE[1:5])
     again.close()
+
+
+@contextlib.contextmanager
+def _small_tmpfs(path: Path, size: str):
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    if subprocess.run(mount, check=False).returncode:
+        pytest.skip("this machine does not allow tmpfs mounts")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_disk_full_mid_record_leaves_no_torn_record_behind(tmp_path: Path):
+    """ENOSPC in the middle of a record: rolled back, so later appends stay replayable."""
+    import os
+
+    with _small_tmpfs(tmp_path / "fs", "64k") as fs:
+        path = fs / "journal"
+        journal = JournalFile.open(path, RUN)
+        try:
+            # Fill the file system up to the last byte.
+            filler = fs / "filler"
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                for size in (4096, 1):
+                    with contextlib.suppress(OSError):
+                        while os.write(fd, b"\0" * size):
+                            pass
+            finally:
+                os.close(fd)
+            # Journal appends use up what the journal file's last page still
+            # holds, until one fails part-way through its records.
+            batch = [Admitted(INV, repo="octo/internal", charge=5), Debit(INV, "octo/internal", 5)]
+            sizes = []
+            with pytest.raises(OSError, match="No space left"):  # noqa: PT012 - loop until full
+                for _ in range(4096):
+                    sizes.append(path.stat().st_size)
+                    journal.append(batch, sync=False)
+            assert path.stat().st_size == sizes[-1]  # the partial batch was rolled back
+            os.unlink(filler)  # space comes back
+            journal.append([Admitted("ff" * 16, rejection="later")])
+        finally:
+            journal.close()
+        replay = JournalFile.open(path, RUN)
+        try:
+            assert replay.torn_bytes == 0
+            assert replay.replayed[-1] == Admitted("ff" * 16, rejection="later")
+        finally:
+            replay.close()
