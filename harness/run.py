@@ -21,7 +21,9 @@ Exit status (seed 000 5.3): the agent's own status (128+N when it died of
 signal N); 2 for every harness failure before the agent started (invalid
 configuration, failed preflight or staging, a broker that never became
 ready); 128+N when the harness itself was stopped by signal N before the
-agent ran.
+agent finished. A signal while the agent runs is forwarded to it; an agent
+that has not exited ``stop_grace`` seconds later (or at a second signal) is
+terminated, then killed.
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ class RunOptions:
     #: Append the broker child's stderr (its JSONL diagnostics) here instead
     #: of the harness's stderr.
     broker_log: Path | None = None
+    #: How long a signalled agent may take to exit before it is terminated,
+    #: and then killed (each step gets this long).
+    stop_grace: float = AGENT_STOP_GRACE_S
 
 
 class BrokerHandle(Protocol):
@@ -244,17 +249,31 @@ class _RunState:
     roots_created: bool = False
     degraded_notes: list[str] = field(default_factory=list)
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
+    stop_grace: float = AGENT_STOP_GRACE_S
+    agent_done: bool = False
 
 
 async def _watch_signals(state: _RunState, sink: EventSink) -> None:
+    """Forward a signal to a running agent, else cancel the run.
+
+    An agent that ignores the forwarded signal gets ``stop_grace`` seconds;
+    then (or at a second signal) the run is cancelled, which terminates and
+    finally kills it, so teardown always happens.
+    """
     with trio.open_signal_receiver(*_SIGNALS) as signals:
         async for signum in signals:
+            first = state.signal_number is None
             state.signal_number = signum
             sink.emit("signal", signal=signal.Signals(signum).name)
             agent = state.agent
             if agent is not None and agent.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     agent.send_signal(signum)
+                if first:
+                    deadline = trio.current_time() + state.stop_grace
+                    state.cancel.deadline = min(state.cancel.deadline, deadline)
+                else:
+                    state.cancel.cancel()
             else:
                 state.cancel.cancel()
 
@@ -277,12 +296,14 @@ async def _start_agent(
         if process.poll() is None:
             with trio.CancelScope(shield=True):
                 process.terminate()
-                with trio.move_on_after(AGENT_STOP_GRACE_S):
+                with trio.move_on_after(state.stop_grace):
                     await process.wait()
                 if process.poll() is None:
                     process.kill()
-                await process.wait()
+                killed = await process.wait()
+                sink.emit("agent_stopped", status=_exit_status(killed))
     status = _exit_status(returncode)
+    state.agent_done = True
     sink.emit("agent_exited", status=status)
     return status
 
@@ -491,11 +512,15 @@ def _summarize(
 
 
 async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: EventSink) -> int:
-    state = _RunState()
+    state = _RunState(stop_grace=options.stop_grace)
+    status = EXIT_HARNESS
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, state, sink)
-        status = await _start_agent(options, env, state, sink)
+        with state.cancel:
+            status = await _start_agent(options, env, state, sink)
         nursery.cancel_scope.cancel()
+    if state.signal_number is not None and not state.agent_done:
+        status = 128 + state.signal_number
     return status
 
 
@@ -516,7 +541,7 @@ async def run(
         status = await _run_agent_only(options, env, sink)
         sink.emit("run_end", status=status)
         return status
-    state = _RunState(config=loaded.config)
+    state = _RunState(config=loaded.config, stop_grace=options.stop_grace)
     status = EXIT_HARNESS
     phase = "preflight"
     try:
@@ -542,7 +567,7 @@ async def run(
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            if state.signal_number is not None and phase != "agent":
+            if state.signal_number is not None and not state.agent_done:
                 status = 128 + state.signal_number
             try:
                 await _stop_broker(state, sink)

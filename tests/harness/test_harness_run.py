@@ -22,7 +22,7 @@ import trio
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.run import RunOptions, run
 
-from tests.harness.bq_harness_helpers import make_repo, var_tmp_base
+from tests.harness.bq_harness_helpers import cmdlines, make_repo, var_tmp_base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
@@ -299,3 +299,98 @@ async def test_signal_before_the_agent_tears_down_and_exits_128_plus_n(setup):
     assert names.index("broker_stopped") < names.index("roots_removed") < names.index("run_end")
     assert "agent_started" not in names
     assert events[-1]["status"] == 130
+
+
+IGNORES_SIGTERM = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1]).write_text("x")
+time.sleep(60)
+"""
+
+
+async def test_an_agent_ignoring_the_signal_is_stopped_after_the_grace(setup):
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "started"
+    opts = options(setup, config, (sys.executable, "-c", IGNORES_SIGTERM, str(marker)))
+    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
+                         "stop_grace": 0.5})
+    stream = io.StringIO()
+    result: list[int] = []
+
+    async def harness() -> None:
+        result.append(await run(opts, EventSink(stream), setup["env"]))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(harness)
+        for _ in range(600):
+            if marker.exists():
+                break
+            await trio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert result == [128 + signal.SIGTERM]
+    assert list(setup["base"].iterdir()) == []
+    events = events_of(stream)
+    stopped = next(e for e in events if e["event"] == "agent_stopped")
+    assert stopped["status"] == 128 + signal.SIGKILL  # ignored SIGTERM twice
+    names = [e["event"] for e in events]
+    assert names.index("agent_stopped") < names.index("broker_stopped") < names.index("run_end")
+
+
+HARNESS_PROCESS = """
+import sys, trio
+from pathlib import Path
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.run import RunOptions, run
+config, source, workspace, base, marker = sys.argv[1:6]
+options = RunOptions(
+    config_source=config,
+    agent=(sys.executable, "-c", "import pathlib, sys, time; "
+           "pathlib.Path(sys.argv[1]).write_text('x'); time.sleep(60)", marker),
+    seed_sources={"octo/alpha": Path(source), "octo/vault": Path(source)},
+    workspace=Path(workspace),
+    base=Path(base),
+    broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
+    probe_runtime=False,
+)
+sys.exit(trio.run(run, options, EventSink()))
+"""
+
+
+def brokers_of(roots: list[bytes]) -> list[bytes]:
+    """Command lines of fake brokers serving one of ``roots``."""
+    return [c for c in cmdlines() if b"broker_main" in c and any(r in c for r in roots)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_harness_process_killed_by_a_real_signal_leaves_nothing(setup, signum):
+    """The harness as its own process: the broker child and both roots go too."""
+    import subprocess
+    import time
+
+    config = write_config(setup["tmp"] / "c.json")
+    marker = setup["tmp"] / "started"
+    process = subprocess.Popen(
+        [sys.executable, "-c", HARNESS_PROCESS, str(config), str(setup["source"]),
+         str(setup["workspace"]), str(setup["base"]), str(marker)],
+        env=setup["env"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), process.stderr.read() if process.poll() is not None else ""
+        roots = [str(p).encode() for p in setup["base"].iterdir()]
+        assert brokers_of(roots), "the broker child should be running"
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signum, err
+    events = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert events[-1]["event"] == "run_end"
+    assert events[-1]["status"] == 128 + signum
+    assert list(setup["base"].iterdir()) == []
+    assert brokers_of(roots) == []
