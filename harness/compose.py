@@ -107,7 +107,7 @@ def prepare_wheels(cache: Path = WHEEL_CACHE) -> Path:
     """Download the broker's wheels (cp311, manylinux x86_64) into ``cache`` once."""
     pins = _pins()
     stamp = cache / ("." + hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16])
-    if stamp.exists():
+    if stamp.exists() and _has_pinned_wheels(cache, pins):
         return cache
     cache.mkdir(parents=True, exist_ok=True)
     platforms: list[str] = []
@@ -130,6 +130,17 @@ def prepare_wheels(cache: Path = WHEEL_CACHE) -> Path:
     )
     stamp.write_text("\n".join(pins) + "\n")
     return cache
+
+
+def _has_pinned_wheels(cache: Path, pins: list[str]) -> bool:
+    """Whether a wheel of every pinned ``name==version`` is in ``cache``."""
+    names = [p.name.lower() for p in cache.glob("*.whl")]
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        prefix = f"{name.replace('-', '_').lower()}-{version}-"
+        if version and not any(n.startswith(prefix) for n in names):
+            return False
+    return True
 
 
 def _package_dir(name: str) -> Path:

@@ -40,3 +40,26 @@ def test_recipe_changes_with_the_query_image(tmp_path):
         recipes.append(broker_image_context(context, wheels, base))
     assert recipes[0] == recipes[1]
     assert recipes[0] != recipes[2]
+
+
+def test_a_wheel_cache_missing_a_pinned_wheel_is_refilled(tmp_path, monkeypatch):
+    from bounded_query.harness import compose
+
+    calls: list[tuple[str, ...]] = []
+
+    def fake_pip(*args: str) -> None:
+        calls.append(args)
+        dest = Path(args[args.index("--dest") + 1])
+        for pin in compose._pins():
+            name, _, version = pin.partition("==")
+            (dest / f"{name}-{version}-py3-none-any.whl").write_bytes(b"w")
+
+    monkeypatch.setattr(compose, "_pip", fake_pip)
+    cache = tmp_path / "cache"
+    assert compose.prepare_wheels(cache) == cache
+    assert compose.prepare_wheels(cache) == cache
+    assert len(calls) == 1  # idempotent: the second call downloads nothing
+    next(cache.glob("trio-*.whl")).unlink()  # e.g. a cache cleaned by hand
+    compose.prepare_wheels(cache)
+    assert len(calls) == 2
+    assert list(cache.glob("trio-*.whl"))

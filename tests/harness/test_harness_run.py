@@ -173,7 +173,9 @@ async def test_disabled_runs_the_agent_untouched(setup):
     seen = json.loads(out.read_text())
     assert seen["GH_TOKEN"] == "should-not-reach-the-agent"
     assert not [k for k in seen if k.startswith("AWF_BOUNDED_QUERY")]
+    assert seen["PATH"] == setup["env"]["PATH"]
     assert list(setup["base"].iterdir()) == []
+    assert not setup["summary"].exists()  # byte-identical to a run without the section
     assert "bounded_queries_disabled" in [e["event"] for e in events_of(stream)]
 
 
