@@ -336,6 +336,9 @@ def _errors_to_problems(errors: Iterable[Any]) -> list[Problem]:
                 )
             continue
         message = error.message
+        if error.validator == "pattern":  # the regex itself helps nobody
+            what = "owner/repo slug" if "privateRepos" in error.absolute_path else "value"
+            message = f"{error.instance!r} is not a valid {what}"
         if len(message) > 200:
             message = message[:200] + "..."
         problems.append(Problem(_location(error.absolute_path), message, _hint_for(error)))

@@ -132,8 +132,13 @@ def test_schema_pattern_agrees_with_code_rule():
         ({"maxInvocations": 10001}, "boundedQueries.maxInvocations", "maximum"),
         ({"runtime": "podman"}, "boundedQueries.runtime", "is not one of"),
         ({"interpreter": "python2"}, "boundedQueries.interpreter", "is not one of"),
-        ({"memoryLimit": "512mb"}, "boundedQueries.memoryLimit", "does not match"),
-        ({"memoryLimit": "512m\n"}, "boundedQueries.memoryLimit", "does not match"),
+        ({"memoryLimit": "512mb"}, "boundedQueries.memoryLimit", "'512mb' is not a valid value"),
+        ({"memoryLimit": "512m\n"}, "boundedQueries.memoryLimit", "is not a valid value"),
+        (
+            {"privateRepos": ["x/../y"]},
+            "boundedQueries.privateRepos[0]",
+            "'x/../y' is not a valid owner/repo slug",
+        ),
         ({"bogus": 1}, "boundedQueries.bogus", "unknown property"),
         (
             {"privateRepos": [{"repo": "a/b"}]},
