@@ -13,7 +13,9 @@ Theory of operation:
 * **Serving**: an accept loop hands each connection to its own task, up to
   a connection cap; an excess connection gets the canonical error at once
   and is closed. Each connection carries one request (``http.py``), then
-  goes through the serialized lane (``service.py``).
+  goes through the serialized lane (``service.py``). Transport-level
+  refusals (the cap, malformed HTTP) are answered at once and then counted
+  against maxInvocations like every other response (``service.py``).
 * **Stopping** (:meth:`BrokerServer.stop`, wired to SIGTERM/SIGINT by
   ``__main__``): stop accepting, let the in-flight invocation finish within
   the grace period (queued requests get the canonical error), then cancel
@@ -293,6 +295,8 @@ class BrokerServer:
         with trio.move_on_after(REFUSE_TIMEOUT_S):
             await send_response(stream, CANONICAL_ERROR_BODY)
         await trio.aclose_forcefully(stream)
+        assert self.service is not None
+        await self.service.count_refusal("connection-cap")
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         service = self.service
@@ -301,8 +305,10 @@ class BrokerServer:
             try:
                 request = await read_request(stream, max_body=MAX_SCRIPT_BYTES, **self._timeouts)
             except HttpReject as exc:
+                # Answered at once (its timing depends only on the client's
+                # bytes), then counted against maxInvocations (service.py).
                 await send_response(stream, CANONICAL_ERROR_BODY)
-                await service.audit(AuditRecord("-", exc.reason))
+                await service.count_refusal(exc.reason)
                 return
 
             async def send(body: bytes) -> None:

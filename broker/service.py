@@ -33,6 +33,28 @@ cleanup (spec 14.3.1, "Invocations are serialized").
 Every failure is the canonical error; its category goes only to the audit
 log. A journal write failure is a local fault: the service turns *broken*
 and answers every later request with the canonical error (fail closed).
+
+maxInvocations and transport-level refusals (spec 14.10: "maxInvocations
+counts every response, including rejections"). Decision: every response
+counts, so a transport-level refusal (malformed HTTP, missed deadline,
+oversize head or body, the connection cap) is counted too
+(:meth:`Service.count_refusal`), journaled as an ``admitted`` record with
+the refusal as its rejection, exactly like a lane rejection. Two
+differences, both deliberate:
+
+* it is counted *after* it was answered, so its timing keeps depending on
+  nothing but the client's own bytes (not on the journal's fsync, which an
+  invocation running at the same time could slow down); a broker killed
+  between the answer and the fsync forgets those few counts, which is
+  harmless: such an answer carried no repository information, and the cap
+  is an operational limit, not a disclosure bound;
+* once the cap is reached nothing more is journaled (as for the lane), so
+  a hostile client can cause at most ``maxInvocations`` journal writes in
+  a whole run.
+
+The cap check and the journal append happen under one lock
+(``_journal``), so concurrent refusals and the lane can never count past
+the cap together.
 """
 
 from __future__ import annotations
@@ -71,6 +93,7 @@ from bounded_query.broker.workspace import read_result_file, remove_tree
 
 __all__ = [
     "BOUNDARIES_S",
+    "CapReached",
     "Decision",
     "Service",
     "read_result_file",
@@ -82,6 +105,10 @@ __all__ = [
 BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
 
 Sender = Callable[[bytes], Awaitable[None]]
+
+
+class CapReached(Exception):
+    """maxInvocations is reached: nothing more is counted (internal control flow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +145,7 @@ class Service:
         self.boundaries_s = tuple(boundaries_s)
         self._new_id = new_id
         self._lane = trio.Lock()
+        self._journal_lock = trio.Lock()
         self.accepting = True
         self.broken = False
         #: (lane entry, processing end, landing or None on overflow) of the last
@@ -127,14 +155,39 @@ class Service:
     # -- durable state ---------------------------------------------------
 
     async def _journal(self, records: Sequence[Record], *, sync: bool = True) -> None:
-        """Append (+ fsync), then apply to the ledger. Raises OSError (then broken)."""
-        try:
-            await trio.to_thread.run_sync(self.journal.append, records, sync)
-        except OSError:
-            self.broken = True
-            raise
-        for record in records:
-            self.ledger.apply(record)
+        """Append (+ fsync), then apply to the ledger, under the journal lock.
+
+        Raises:
+            CapReached: the records would count past ``maxInvocations``
+                (nothing was written).
+            OSError: the append failed (the service is then broken).
+        """
+        counted = sum(isinstance(record, Admitted) for record in records)
+        async with self._journal_lock:
+            if counted and self.ledger.invocations + counted > self.config.max_invocations:
+                raise CapReached
+            try:
+                await trio.to_thread.run_sync(self.journal.append, records, sync)
+            except OSError:
+                self.broken = True
+                raise
+            for record in records:
+                self.ledger.apply(record)
+
+    async def count_refusal(self, reason: str) -> None:
+        """Count and audit a transport-level refusal the server already answered.
+
+        See the module docstring: every response counts against
+        maxInvocations; nothing is journaled once the cap is reached or the
+        journal has failed. Never raises on a journal or audit failure.
+        """
+        invocation_id = "-"
+        if not self.broken:
+            candidate = self._new_id()
+            with contextlib.suppress(OSError, CapReached):
+                await self._journal([Admitted(candidate, rejection=reason)])
+                invocation_id = candidate
+        await self.audit(AuditRecord(invocation_id, reason, wall_time=round(time.time(), 3)))
 
     async def audit(self, record: AuditRecord) -> None:
         """Write one audit line; an audit failure never changes an answer."""
@@ -173,14 +226,17 @@ class Service:
         )
 
     async def _decide(self, invocation_id: str, request: HttpRequest) -> Decision:
-        if not self.accepting:
-            return Decision(CANONICAL_ERROR_BODY, "broker-stopping")
         if self.broken:
             return Decision(CANONICAL_ERROR_BODY, "broker-internal")
         if self.ledger.invocations >= self.config.max_invocations:
             return Decision(CANONICAL_ERROR_BODY, "max-invocations")
         try:
+            if not self.accepting:
+                return await self._reject(invocation_id, "broker-stopping", None)
             return await self._admit_and_run(invocation_id, request)
+        except CapReached:
+            # A refusal counted meanwhile took the last slot; nothing was written.
+            return Decision(CANONICAL_ERROR_BODY, "max-invocations")
         except OSError:
             # A journal write failed: nothing after it happened.
             return Decision(CANONICAL_ERROR_BODY, "journal-failed")
