@@ -9,12 +9,14 @@ container paths, so the same agent works in both.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import signal
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,31 @@ def options(setup, config: Path, agent: tuple[str, ...], **extra) -> RunOptions:
 
 def events_of(stream: io.StringIO) -> list[dict]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+async def run_and_signal(
+    opts: RunOptions, env: dict, ready: Callable[[str], bool], signum: int
+) -> tuple[int, str]:
+    """Run the harness in this process; send ``signum`` once ``ready(events so far)``."""
+    stream = io.StringIO()
+    result: list[int] = []
+
+    async def harness() -> None:
+        result.append(await run(opts, EventSink(stream), env))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(harness)
+        for _ in range(600):
+            if ready(stream.getvalue()):
+                break
+            await trio.sleep(0.05)
+        os.kill(os.getpid(), signum)
+    [status] = result
+    return status, stream.getvalue()
+
+
+def with_options(opts: RunOptions, **changes: object) -> RunOptions:
+    return dataclasses.replace(opts, **changes)  # type: ignore[arg-type]
 
 
 async def test_full_run_passes_agent_status_and_tears_down(setup):
@@ -218,9 +245,7 @@ async def test_broker_that_never_gets_ready_exits_2_and_cleans_up(setup):
     config = write_config(setup["tmp"] / "c.json")
     marker = setup["tmp"] / "ran"
     stream = io.StringIO()
-    opts = options(setup, config, ("touch", str(marker)))
-    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
-                         "broker_command": ("false",)})
+    opts = with_options(options(setup, config, ("touch", str(marker))), broker_command=("false",))
     status = await run(opts, EventSink(stream), setup["env"])
     assert status == 2
     assert not marker.exists()
@@ -238,25 +263,13 @@ async def test_signal_is_forwarded_to_the_agent_and_everything_is_torn_down(setu
         time.sleep(60)
         """
     )
-    stream = io.StringIO()
-    result: list[int] = []
-
-    async def harness() -> None:
-        result.append(
-            await run(options(setup, config, (sys.executable, "-c", code)), EventSink(stream),
-                      setup["env"])
-        )
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(harness)
-        for _ in range(600):
-            if marker.exists():
-                break
-            await trio.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-    assert result == [128 + signal.SIGTERM]
+    status, text = await run_and_signal(
+        options(setup, config, (sys.executable, "-c", code)), setup["env"],
+        lambda _events: marker.exists(), signal.SIGTERM,
+    )
+    assert status == 128 + signal.SIGTERM
     assert list(setup["base"].iterdir()) == []
-    names = [e["event"] for e in events_of(stream)]
+    names = [json.loads(line)["event"] for line in text.splitlines()]
     assert "signal" in names
     assert names[-1] == "run_end"
 
@@ -275,28 +288,19 @@ async def test_private_root_under_the_agents_home_fails_preflight(setup):
 async def test_signal_before_the_agent_tears_down_and_exits_128_plus_n(setup):
     config = write_config(setup["tmp"] / "c.json")
     marker = setup["tmp"] / "ran"
-    opts = options(setup, config, ("touch", str(marker)))
     # A "broker" that never gets ready: the harness waits for it.
-    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
-                         "broker_command": (sys.executable, "-c", "import time; time.sleep(60)"),
-                         "ready_timeout": 60.0})
-    stream = io.StringIO()
-    result: list[int] = []
-
-    async def harness() -> None:
-        result.append(await run(opts, EventSink(stream), setup["env"]))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(harness)
-        for _ in range(600):
-            if '"broker_started"' in stream.getvalue():
-                break
-            await trio.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-    assert result == [128 + signal.SIGINT]
+    opts = with_options(
+        options(setup, config, ("touch", str(marker))),
+        broker_command=(sys.executable, "-c", "import time; time.sleep(60)"),
+        ready_timeout=60.0,
+    )
+    status, text = await run_and_signal(
+        opts, setup["env"], lambda events: '"broker_started"' in events, signal.SIGINT
+    )
+    assert status == 128 + signal.SIGINT
     assert not marker.exists()
     assert list(setup["base"].iterdir()) == []
-    events = events_of(stream)
+    events = [json.loads(line) for line in text.splitlines()]
     names = [e["event"] for e in events]
     assert names.index("broker_stopped") < names.index("roots_removed") < names.index("run_end")
     assert "agent_started" not in names
@@ -314,25 +318,16 @@ time.sleep(60)
 async def test_an_agent_ignoring_the_signal_is_stopped_after_the_grace(setup):
     config = write_config(setup["tmp"] / "c.json")
     marker = setup["tmp"] / "started"
-    opts = options(setup, config, (sys.executable, "-c", IGNORES_SIGTERM, str(marker)))
-    opts = RunOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__},
-                         "stop_grace": 0.5})
-    stream = io.StringIO()
-    result: list[int] = []
-
-    async def harness() -> None:
-        result.append(await run(opts, EventSink(stream), setup["env"]))
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(harness)
-        for _ in range(600):
-            if marker.exists():
-                break
-            await trio.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
-    assert result == [128 + signal.SIGTERM]
+    opts = with_options(
+        options(setup, config, (sys.executable, "-c", IGNORES_SIGTERM, str(marker))),
+        stop_grace=0.5,
+    )
+    status, text = await run_and_signal(
+        opts, setup["env"], lambda _events: marker.exists(), signal.SIGTERM
+    )
+    assert status == 128 + signal.SIGTERM
     assert list(setup["base"].iterdir()) == []
-    events = events_of(stream)
+    events = [json.loads(line) for line in text.splitlines()]
     stopped = next(e for e in events if e["event"] == "agent_stopped")
     assert stopped["status"] == 128 + signal.SIGKILL  # ignored SIGTERM twice
     names = [e["event"] for e in events]
