@@ -38,7 +38,7 @@ from pathlib import Path
 import trio
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.service import read_result_file, remove_tree
+from bounded_query.broker.workspace import read_result_file, remove_tree
 from bounded_query.sandbox import DockerRunner, RunOptions
 from bounded_query.seccomp import profile_json
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.service import read_result_file
+from bounded_query.broker.workspace import read_result_file
 
 IMAGE = "bounded-query-python:latest"
 RUNTIMES = ("docker", "gvisor")
