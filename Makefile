@@ -3,6 +3,8 @@
 # root: they install and start what they need.
 PYTHON ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Harmless with a venv or pyenv; lets a system python3 (PEP 668) install too.
+export PIP_BREAK_SYSTEM_PACKAGES := 1
 
 .PHONY: install engine images lint test fuzz demo bench
 
