@@ -7,6 +7,15 @@ charge in bits, timing bucket in ms, and the outcome/failure category --
 never scripts, outputs, host paths, repository names or tokens.
 :func:`format_record` is pure; :class:`AuditLog` appends and flushes.
 
+An ``invalid-request`` line also carries ``detail``: the protocol's own
+error message naming the offending location (``schema.fields.count: ...``),
+so the operator sees *why* without the agent ever seeing it (issue 2). Those
+messages never quote script or output bytes; at most they quote a short
+piece of the agent-authored schema (a field name, a type), which is not
+secret. :func:`sanitize_detail` still bounds it to
+:data:`MAX_DETAIL_CHARS` printable ASCII characters (anything else becomes
+``?``), and the key is present only when there is a detail.
+
 Categories are short fixed strings, for example ``ok``, ``invalid-request``,
 ``repo-not-allowed``, ``bit-budget-exhausted``, ``max-invocations``,
 ``query-launch-failed``, ``query-timeout``, ``invalid-output``,
@@ -20,7 +29,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["AuditLog", "AuditRecord", "format_record"]
+__all__ = ["MAX_DETAIL_CHARS", "AuditLog", "AuditRecord", "format_record", "sanitize_detail"]
+
+#: Bound of an audit ``detail`` (a protocol error message is well below it).
+MAX_DETAIL_CHARS = 200
+
+
+def sanitize_detail(text: str) -> str:
+    """Printable ASCII only (others become ``?``), at most MAX_DETAIL_CHARS (pure)."""
+    clipped = text[: MAX_DETAIL_CHARS + 1]
+    safe = "".join(ch if " " <= ch <= "~" else "?" for ch in clipped)
+    if len(safe) > MAX_DETAIL_CHARS:
+        safe = safe[: MAX_DETAIL_CHARS - 3] + "..."
+    return safe
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +54,12 @@ class AuditRecord:
     charge: int | None = None
     bucket_ms: int | None = None
     wall_time: float | None = None
+    detail: str | None = None
 
 
 def format_record(record: AuditRecord) -> bytes:
     """Serialize one record as a JSON line (pure)."""
-    obj = {
+    obj: dict[str, object] = {
         "invocationId": record.invocation_id,
         "sensitivity": record.sensitivity,
         "charge": record.charge,
@@ -45,6 +67,8 @@ def format_record(record: AuditRecord) -> bytes:
         "category": record.category,
         "time": record.wall_time,
     }
+    if record.detail is not None:
+        obj["detail"] = sanitize_detail(record.detail)
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
 
 

@@ -119,6 +119,7 @@ class Decision:
     category: str
     sensitivity: str | None = None
     charge: int | None = None
+    detail: str | None = None
 
 
 class Service:
@@ -222,6 +223,7 @@ class Service:
                 charge=decision.charge,
                 bucket_ms=bucket_ms,
                 wall_time=round(time.time(), 3),
+                detail=decision.detail,
             )
         )
 
@@ -247,9 +249,16 @@ class Service:
             report_bug(exc)
             return Decision(CANONICAL_ERROR_BODY, "broker-internal")
 
-    async def _reject(self, invocation_id: str, category: str, entry: SeedEntry | None) -> Decision:
+    async def _reject(
+        self,
+        invocation_id: str,
+        category: str,
+        entry: SeedEntry | None,
+        detail: str | None = None,
+    ) -> Decision:
         await self._journal([Admitted(invocation_id, rejection=category)])
-        return Decision(CANONICAL_ERROR_BODY, category, entry.sensitivity if entry else None)
+        sensitivity = entry.sensitivity if entry else None
+        return Decision(CANONICAL_ERROR_BODY, category, sensitivity, detail=detail)
 
     async def _admit_and_run(self, invocation_id: str, request: HttpRequest) -> Decision:
         try:
@@ -257,8 +266,9 @@ class Service:
                 raise RequestError("HTTP/1.1 required")
             check_request_line(request.method, request.target)
             parsed = parse_frame(list(request.headers), request.body)
-        except RequestError:
-            return await self._reject(invocation_id, "invalid-request", None)
+        except RequestError as exc:
+            # The message names the location (never script or output bytes).
+            return await self._reject(invocation_id, "invalid-request", None, str(exc))
         entry = self.seed_map.lookup(parsed.private_repo)
         if entry is None:
             return await self._reject(invocation_id, "repo-not-allowed", None)
