@@ -90,6 +90,20 @@ def request_bytes(
     return head.encode() + b"\r\n" + body
 
 
+async def read_until_eof(stream: trio.abc.ReceiveStream) -> bytes:
+    """Everything the peer sends until EOF; what arrived before a reset, if reset."""
+    chunks = []
+    while True:
+        try:
+            chunk = await stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def exchange(path: Path | str, data: bytes, *, limit_s: float = 30.0) -> bytes:
     """Send ``data`` on a fresh connection and read until EOF; b"" if reset."""
     with trio.fail_after(limit_s):
@@ -98,16 +112,7 @@ async def exchange(path: Path | str, data: bytes, *, limit_s: float = 30.0) -> b
             with contextlib.suppress(trio.BrokenResourceError):
                 await stream.send_all(data)
                 await stream.send_eof()
-            chunks = []
-            while True:
-                try:
-                    chunk = await stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return await read_until_eof(stream)
 
 
 def body_of(response: bytes) -> bytes:

@@ -18,8 +18,9 @@ from bounded_query.broker.protocol import encode_schema_header
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 
 
-async def _curl(socket_path, repo: str, schema: bytes, script: bytes, *, include: bool = False):
-    argv = [
+def _curl_argv(socket_path, repo: str, schema: bytes) -> list[str]:
+    """curl with exactly the reference wrapper's request shape."""
+    return [
         "curl",
         "-sS",
         "--unix-socket",
@@ -40,6 +41,10 @@ async def _curl(socket_path, repo: str, schema: bytes, script: bytes, *, include
         "@-",
         "http://localhost/query",
     ]
+
+
+async def _curl(socket_path, repo: str, schema: bytes, script: bytes, *, include: bool = False):
+    argv = _curl_argv(socket_path, repo, schema)
     if include:
         argv.insert(1, "-i")
     start = time.monotonic()
@@ -112,25 +117,7 @@ def test_curl_against_real_broker_process(tmp_path):
         script = "import os\nopen(os.environ['QUERY_OUT'], 'w').write(' [1, true] ')\n"
         schema = b'{"type":"tuple","items":[{"type":"const","value":1},{"type":"boolean"}]}'
         result = subprocess.run(
-            [
-                "curl",
-                "-sS",
-                "--unix-socket",
-                sock,
-                "-X",
-                "POST",
-                "-H",
-                "X-AWF-Query-Version: 2",
-                "-H",
-                "X-AWF-Repo: octo/public",
-                "-H",
-                f"X-AWF-Schema-B64: {encode_schema_header(schema).decode()}",
-                "-H",
-                "Content-Type: application/octet-stream",
-                "--data-binary",
-                "@-",
-                "http://localhost/query",
-            ],
+            _curl_argv(sock, "octo/public", schema),
             input=script.encode(),
             capture_output=True,
             timeout=30,

@@ -16,7 +16,14 @@ import trio
 from bounded_query.broker.http import response_bytes
 from bounded_query.broker.server import BrokerServer
 
-from tests.broker.helpers import ERROR, exchange, load, make_root, request_bytes
+from tests.broker.helpers import (
+    ERROR,
+    exchange,
+    load,
+    make_root,
+    read_until_eof,
+    request_bytes,
+)
 from tests.fakes.runner import ScriptedRunner
 
 ERROR_RESPONSE = response_bytes(ERROR)
@@ -297,16 +304,8 @@ async def test_hostile_requests_byte_at_a_time(hostile_broker):
                 await stream.send_eof()
             except trio.BrokenResourceError:
                 pass
-            data = b""
             with trio.fail_after(10):
-                while True:
-                    try:
-                        chunk = await stream.receive_some(4096)
-                    except trio.BrokenResourceError:
-                        break
-                    if not chunk:
-                        break
-                    data += chunk
+                data = await read_until_eof(stream)
         assert data in (b"", ERROR_RESPONSE)
     assert await exchange(sock, GOOD) == OK_RESPONSE
 
@@ -338,16 +337,7 @@ async def test_thousand_simultaneous_connections(hostile_broker):
                         await stream.send_all(b"POST /query HTTP/1.1\r\nHost: x\r\n")
                 except trio.BrokenResourceError:
                     pass
-                data = b""
-                while True:
-                    try:
-                        chunk = await stream.receive_some(4096)
-                    except trio.BrokenResourceError:
-                        break
-                    if not chunk:
-                        break
-                    data += chunk
-                results.append(data)
+                results.append(await read_until_eof(stream))
 
     async with trio.open_nursery() as nursery:
         for index, stream in enumerate(streams):

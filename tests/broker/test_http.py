@@ -188,15 +188,20 @@ async def test_whitespace_padding_counts_toward_the_header_cap():
     assert whole == {"reject": "http-header-too-large"}
 
 
-async def test_head_one_byte_over_the_cap_is_refused_exactly():
+def _request_with_head_of(size: int) -> bytes:
+    """A valid one-byte-body request whose head is exactly ``size`` bytes."""
     base = request_bytes("x")
     head_len = base.index(b"\r\n\r\n") + 4
-    pad_len = MAX_HEADER_BYTES - head_len - len(b"X-Pad: \r\n")
-    at_cap = base.replace(b"Accept:", b"X-Pad: " + b"a" * pad_len + b"\r\nAccept:", 1)
-    result, _ = await _serve_bytes([at_cap])
+    pad_len = size - head_len - len(b"X-Pad: \r\n")
+    raw = base.replace(b"Accept:", b"X-Pad: " + b"a" * pad_len + b"\r\nAccept:", 1)
+    assert raw.index(b"\r\n\r\n") + 4 == size
+    return raw
+
+
+async def test_head_one_byte_over_the_cap_is_refused_exactly():
+    result, _ = await _serve_bytes([_request_with_head_of(MAX_HEADER_BYTES)])
     assert "request" in result
-    over = base.replace(b"Accept:", b"X-Pad: " + b"a" * (pad_len + 1) + b"\r\nAccept:", 1)
-    result, _ = await _serve_bytes([over])
+    result, _ = await _serve_bytes([_request_with_head_of(MAX_HEADER_BYTES + 1)])
     assert result == {"reject": "http-header-too-large"}
 
 
@@ -217,10 +222,7 @@ async def test_repeated_content_length_is_refused_even_when_equal(second):
 
 
 async def test_pipelined_bytes_are_not_counted_in_the_head():
-    one = request_bytes("x")
-    base_head = one.index(b"\r\n\r\n") + 4
-    pad_len = MAX_HEADER_BYTES - base_head - len(b"X-Pad: \r\n")
-    at_cap = one.replace(b"Accept:", b"X-Pad: " + b"a" * pad_len + b"\r\nAccept:", 1)
-    result, _ = await _serve_bytes([at_cap + one])
+    at_cap = _request_with_head_of(MAX_HEADER_BYTES)
+    result, _ = await _serve_bytes([at_cap + request_bytes("x")])
     request = result["request"]
     assert request.body == b"x"
