@@ -96,17 +96,27 @@ def run_server(config_path: Path, runner_factory: object = None) -> int:
     server = BrokerServer(config, seed_map, runner)
     try:
         trio.run(_serve_until_signalled, server)
-    except JournalCorrupt as exc:
-        _event("broker-refused", reason="journal", detail=str(exc))
-        return EXIT_REFUSED
-    except RunnerUnavailable as exc:
-        _event("broker-refused", reason="runner", detail=str(exc))
-        return EXIT_REFUSED
-    except OSError as exc:
-        _event("broker-refused", reason="os", detail=f"{exc.strerror} ({exc.errno})")
+    except (JournalCorrupt, RunnerUnavailable, OSError, BaseExceptionGroup) as raised:
+        # trio's nurseries wrap a start-up failure in an exception group.
+        failure = _sole_exception(raised)
+        if isinstance(failure, JournalCorrupt):
+            _event("broker-refused", reason="journal", detail=str(failure))
+        elif isinstance(failure, RunnerUnavailable):
+            _event("broker-refused", reason="runner", detail=str(failure))
+        elif isinstance(failure, OSError):
+            _event("broker-refused", reason="os", detail=f"{failure.strerror} ({failure.errno})")
+        else:
+            raise
         return EXIT_REFUSED
     _event("broker-stopped")
     return EXIT_OK
+
+
+def _sole_exception(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) single-member exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -212,6 +212,19 @@ def test_refuses_to_start_on_bad_config(tmp_path):
     assert "unknown keys" in stderr_log(config_path).read_text()
 
 
+def test_refuses_to_start_on_corrupt_journal_with_exit_2(tmp_path):
+    """The real process: one JSON line and exit 2, not a traceback (exit 1)."""
+    doc = make_root(tmp_path)
+    journal = Path(doc["privateRoot"]) / "state" / "journal"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x00hello" * 2)  # bad checksum
+    config_path = tmp_path / "broker.json"
+    proc = start_broker(config_path, wait=False)
+    assert proc.wait(timeout=20) == 2
+    lines = stderr_log(config_path).read_text().splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == ["journal"]
+
+
 def _ledger_of(journal_path: Path) -> Ledger:
     scan = decode_journal(journal_path.read_bytes() if journal_path.exists() else b"")
     return Ledger.from_records(scan.records)
