@@ -88,7 +88,13 @@ from bounded_query.broker.protocol import (
     parse_frame,
 )
 from bounded_query.broker.runner import Invocation, Runner
-from bounded_query.broker.timing import Landing, TimingOverflow, wait_for_boundary
+from bounded_query.broker.timing import (
+    TOLERANCE_S,
+    Landing,
+    TimingOverflow,
+    sleep_until_staged,
+    wait_for_boundary,
+)
 from bounded_query.broker.workspace import read_result_file, remove_tree
 
 __all__ = [
@@ -199,22 +205,39 @@ class Service:
     # -- the lane --------------------------------------------------------
 
     async def handle(self, request: HttpRequest, send: Sender) -> None:
-        """Run one request through the lane and send its bucketed answer via ``send``."""
+        """Run one request through the lane and send its bucketed answer via ``send``.
+
+        If processing is still running at the last boundary plus the
+        tolerance, a watchdog answers the canonical error at that fixed
+        moment (spec 14.3.1, fail-closed overflow) instead of at the
+        secret-dependent moment processing ends; the lane stays held until
+        processing and cleanup are over.
+        """
         async with self._lane:
             start = trio.current_time()
             invocation_id = self._new_id()
-            decision = await self._decide(invocation_id, request)
+            overflow_at = start + self.boundaries_s[-1] + TOLERANCE_S
+            answered: list[bool] = []
+            async with trio.open_nursery() as nursery:
+                watchdog = trio.CancelScope()
+                nursery.start_soon(self._overflow_watchdog, watchdog, overflow_at, send, answered)
+                decision = await self._decide(invocation_id, request)
+                watchdog.cancel()
             processed = trio.current_time()
             body, category = decision.body, decision.category
             bucket_ms: int | None
             landing: Landing | None = None
-            try:
-                landing = await wait_for_boundary(start, self.boundaries_s)
-                bucket_ms = round(landing.boundary_s * 1000)
-            except TimingOverflow:
+            if answered:
                 body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
+            else:
+                try:
+                    landing = await wait_for_boundary(start, self.boundaries_s)
+                    bucket_ms = round(landing.boundary_s * 1000)
+                except TimingOverflow:
+                    body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
             self.last_timing = (start, processed, landing)
-        await send(body)
+        if not answered:
+            await send(body)
         await self.audit(
             AuditRecord(
                 invocation_id=invocation_id,
@@ -226,6 +249,17 @@ class Service:
                 detail=decision.detail,
             )
         )
+
+    @staticmethod
+    async def _overflow_watchdog(
+        scope: trio.CancelScope, at: float, send: Sender, answered: list[bool]
+    ) -> None:
+        """At ``at``, answer the canonical error (once) unless cancelled first."""
+        with scope:
+            await sleep_until_staged(at)
+            answered.append(True)
+            with trio.CancelScope(shield=True):
+                await send(CANONICAL_ERROR_BODY)
 
     async def _decide(self, invocation_id: str, request: HttpRequest) -> Decision:
         if self.broken:

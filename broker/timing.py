@@ -18,7 +18,10 @@ shrinks by about two orders of magnitude per stage (600 s -> ~6 s -> ~60 ms
 If a wake is nevertheless later than the tolerance, or processing ran past a
 boundary, the answer is re-padded to the next boundary; past the last
 boundary (plus tolerance) the result is discarded and the canonical error is
-returned (:class:`TimingOverflow`; fail closed).
+returned (:class:`TimingOverflow`; fail closed). The pipeline does not wait
+for such a late processing end to answer: a watchdog sends the canonical
+error at the last boundary plus the tolerance (``service.py``), so even an
+overflow answer leaves at a fixed time.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "TimingOverflow",
     "choose_boundary",
     "next_wake",
+    "sleep_until_staged",
     "wait_for_boundary",
 ]
 
@@ -93,6 +97,13 @@ def next_wake(now: float, target: float) -> float | None:
     return target - guard
 
 
+async def sleep_until_staged(target: float) -> None:
+    """Sleep until ``target`` (trio clock), approaching it in stages (:func:`next_wake`)."""
+    # Staged approach, not a poll: each stage is one precomputed sleep.
+    while (wake := next_wake(trio.current_time(), target)) is not None:  # noqa: ASYNC110
+        await trio.sleep_until(wake)
+
+
 async def wait_for_boundary(
     start: float,
     boundaries_s: Sequence[float] = DEFAULT_BOUNDARIES_S,
@@ -110,9 +121,7 @@ async def wait_for_boundary(
     index = choose_boundary(trio.current_time() - start, boundaries_s)
     while True:
         target = start + boundaries_s[index]
-        # Staged approach, not a poll: each stage is one precomputed sleep.
-        while (wake := next_wake(trio.current_time(), target)) is not None:  # noqa: ASYNC110
-            await trio.sleep_until(wake)
+        await sleep_until_staged(target)
         offset = trio.current_time() - target
         if offset <= tolerance_s:
             return Landing(index, boundaries_s[index], offset)

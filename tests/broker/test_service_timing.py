@@ -14,6 +14,7 @@ from bounded_query.broker.http import HttpRequest
 from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.service import BOUNDARIES_S, Service
+from bounded_query.broker.timing import TOLERANCE_S
 
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.fakes.runner import ScriptedRunner
@@ -29,8 +30,18 @@ def _http(raw: bytes) -> HttpRequest:
     return HttpRequest(method, target, version.split(b"/")[1], headers, body)  # type: ignore[arg-type]
 
 
+async def _inline(fn, *args, **_kwargs):
+    """``trio.to_thread.run_sync`` without a thread (blocking the loop briefly)."""
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
 @pytest.fixture
-def service(tmp_path):
+def service(tmp_path, monkeypatch):
+    # The overflow watchdog keeps a timer pending during processing; with a
+    # worker thread running, MockClock's autojump would take the wait for the
+    # thread as idleness and jump to that timer. Run thread offloads inline.
+    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
     config, seed_map = load(make_root(tmp_path, max_invocations=10000, timeout=540))
     journal = JournalFile.open(config.journal_path, config.run_id)
     audit = AuditLog(config.audit_path)
@@ -107,3 +118,27 @@ async def test_runner_failure_is_still_bucketed(autojump_clock, service):
     body, elapsed = await _answer(service, request_bytes("sleep 2.5\nfail query-timeout"))
     assert body == ERROR
     assert elapsed == pytest.approx(10.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("duration", [600.0051, 600.01, 700.0, 5000.0])
+async def test_overflow_is_answered_at_a_fixed_moment(autojump_clock, service, duration):
+    """Past the last boundary + tolerance, the error leaves then, not when processing ends."""
+    body, elapsed = await _answer(service, request_bytes(f"sleep {duration}\nwrite true"))
+    assert body == ERROR
+    assert elapsed == pytest.approx(BOUNDARIES_S[-1] + TOLERANCE_S, abs=1e-9)
+    assert len(service.runner.calls) == 1
+
+
+async def test_lane_stays_held_until_an_overflowing_invocation_ends(autojump_clock, service):
+    results: dict[str, tuple[bytes, float]] = {}
+
+    async def one(name: str, script: str) -> None:
+        results[name] = await _answer(service, request_bytes(script))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "first", "sleep 700\nwrite true")
+        await trio.sleep(0.001)
+        nursery.start_soon(one, "second", "write true")
+    assert results["first"] == (ERROR, pytest.approx(600.005, abs=1e-9))
+    # The second entered the lane when the first's processing ended (700 s).
+    assert results["second"] == (OK, pytest.approx(700 - 0.001 + 0.01, abs=1e-9))
