@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import sys
@@ -211,7 +212,8 @@ class Service:
         tolerance, a watchdog answers the canonical error at that fixed
         moment (spec 14.3.1, fail-closed overflow) instead of at the
         secret-dependent moment processing ends; the lane stays held until
-        processing and cleanup are over.
+        processing and cleanup are over, rounded up to a multiple of the last
+        boundary.
         """
         async with self._lane:
             start = trio.current_time()
@@ -229,6 +231,12 @@ class Service:
             landing: Landing | None = None
             if answered:
                 body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
+                # A queued request is timed from its lane entry: release the
+                # lane on a fixed grid (multiples of the last boundary), not
+                # at the secret-dependent end of the overrun.
+                final_s = self.boundaries_s[-1]
+                periods = math.ceil((processed - start) / final_s)
+                await sleep_until_staged(start + periods * final_s)
             else:
                 try:
                     landing = await wait_for_boundary(start, self.boundaries_s)
