@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from bounded_query.broker.protocol import is_valid_slug
 from bounded_query.broker.runner import RunnerSettings, parse_memory_limit
 
 __all__ = [
@@ -59,9 +60,6 @@ MAX_CONFIG_FILE_BYTES = 1 << 20
 _HEX_RUN_ID = re.compile(r"[0-9a-f]{16,64}")
 _HEX_SEED_ID = re.compile(r"[0-9a-f]{1,128}")
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-# Same slug rule as the protocol (owner/repo); repeated here so the config
-# loader does not depend on the request parser.
-_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
 
 _CONFIG_KEYS = frozenset(
     {
@@ -288,10 +286,9 @@ def parse_seed_map(obj: object) -> SeedMap:
             raise ConfigError(f"{where}: expected exactly repo, seedId, sensitivity, commit")
         repo, seed_id = item["repo"], item["seedId"]
         sensitivity, commit = item["sensitivity"], item["commit"]
-        if not isinstance(repo, str) or not _SLUG.fullmatch(repo) or ".." in repo:
+        if not is_valid_slug(repo):
             raise ConfigError(f"{where}.repo: not an owner/repo slug")
-        if repo.split("/")[1] in {".", ".."}:
-            raise ConfigError(f"{where}.repo: not an owner/repo slug")
+        assert isinstance(repo, str)  # is_valid_slug checked it
         if not isinstance(seed_id, str) or not _HEX_SEED_ID.fullmatch(seed_id):
             raise ConfigError(f"{where}.seedId: expected lowercase hex")
         if sensitivity not in SENSITIVITIES:
