@@ -11,9 +11,13 @@ from bounded_query.broker.http import (
     CONTINUE_BYTES,
     MAX_HEADER_BYTES,
     HttpReject,
+    HttpRequest,
+    check_raw_head,
     read_request,
     response_bytes,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.broker.helpers import request_bytes
 
@@ -226,3 +230,53 @@ async def test_pipelined_bytes_are_not_counted_in_the_head():
     result, _ = await _serve_bytes([at_cap + request_bytes("x")])
     request = result["request"]
     assert request.body == b"x"
+
+
+# -- nothing but our own error (STYLE.md 10) -----------------------------------
+
+_HEAD_PIECES = st.sampled_from(
+    [
+        b"POST /query HTTP/1.1\r\n",
+        b"Host: x\r\n",
+        b"Content-Length: 1\r\n",
+        b"Content-Length: 99999999\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Expect: 100-continue\r\n",
+        b"X-AWF-Repo: octo/public\r\n",
+        b" folded\r\n",
+        b"\r\n",
+        b"\n",
+        b"x",
+        b"\x00",
+        b":",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_HEAD_PIECES | st.binary(max_size=40), max_size=30), st.booleans())
+def test_any_bytes_give_a_request_or_our_reject(pieces, bytewise):
+    raw = b"".join(pieces)
+    chunks = _one_byte_at_a_time(raw) if bytewise else [raw]
+
+    async def main() -> dict[str, object]:
+        result, _ = await _serve_bytes(chunks)
+        return result
+
+    result = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert set(result) <= {"request", "reject"}
+    if "reject" in result:
+        assert isinstance(result["reject"], str)
+    else:
+        assert isinstance(result["request"], HttpRequest)
+        assert len(result["request"].body) <= MAX_BODY
+
+
+@given(st.binary(max_size=MAX_HEADER_BYTES + 100))
+def test_check_raw_head_never_raises(head):
+    assert check_raw_head(head) in {
+        None,
+        "http-header-too-large",
+        "http-obs-fold",
+        "http-duplicate-content-length",
+    }
