@@ -96,6 +96,11 @@ class RunPaths:
         return self.private_root / "state" / "journal"
 
     @property
+    def workspaces_dir(self) -> Path:
+        """``work/``: the broker's invocation workspaces (the quota tmpfs, ``quota.py``)."""
+        return self.private_root / "work"
+
+    @property
     def staging_dir(self) -> Path:
         """Temporary staging HOME and askpass helper (deleted after staging)."""
         return self.private_root / "staging"

@@ -4,7 +4,9 @@ Phases, each reported as a JSONL event: configuration -> preflight (static,
 then the runtime probe) -> private root and staging -> seed map, broker
 config, skill and wrapper -> broker (a child process in its own session; or
 the compose service) -> readiness (the broker's ``control/ready`` file) ->
-the agent command -> teardown.
+the agent command -> teardown. Before the broker starts, a size-limited tmpfs
+is mounted over the private root's ``work/`` (the query workspaces; see
+``quota.py``), or the run is reported degraded.
 
 The agent gets the caller's environment minus GH_TOKEN/GITHUB_TOKEN, plus
 ``AWF_BOUNDED_QUERY_SOCKET``, ``AWF_BOUNDED_QUERY_SKILL`` and
@@ -15,7 +17,9 @@ and the agent runs with the environment untouched (spec 14.2).
 Teardown runs on every path (normal exit, failure, SIGINT/SIGTERM/SIGHUP),
 shielded from cancellation: stop the agent if it still runs, stop the broker
 (SIGTERM, then SIGKILL), force-remove every container labelled with the run
-id, read the journal and audit log for the summary, delete both roots.
+id, unmount the workspace quota, read the journal and audit log for the
+summary, delete both roots. The broker child also carries a parent-death
+signal (SIGTERM), so it does not outlive a harness killed with SIGKILL.
 
 Exit status (seed 000 5.3): the agent's own status (128+N when it died of
 signal N); 2 for every harness failure before the agent started (invalid
@@ -29,6 +33,8 @@ terminated, then killed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import secrets
 import signal
@@ -40,7 +46,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import trio
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.runner import LABEL_RUN, parse_memory_limit
 
 from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, Problem, load_config
 from .events import EventSink, append_step_summary
@@ -61,6 +67,7 @@ from .preflight import (
     staging_token,
     static_problems,
 )
+from .quota import mount_work_quota, unmount_work_quota
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
 
@@ -123,21 +130,38 @@ class BrokerHandle(Protocol):
 
 
 class _ChildBroker:
-    def __init__(self, process: trio.Process) -> None:
+    """The broker as a child process (spawned by :func:`_spawn_broker`)."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process
 
     def exited(self) -> int | None:
         return self._process.poll()
+
+    async def _wait(self) -> int:
+        """Wait for exit without a thread: a pidfd is readable once the child exits."""
+        process = self._process
+        while process.poll() is None:
+            try:
+                fd = os.pidfd_open(process.pid)
+            except OSError:  # no pidfd (old kernel): poll
+                await trio.sleep(READY_POLL_S)
+                continue
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                os.close(fd)
+        return process.returncode
 
     async def stop(self) -> int | None:
         if self._process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._process.send_signal(signal.SIGTERM)
             with trio.move_on_after(BROKER_STOP_GRACE_S):
-                await self._process.wait()
+                await self._wait()
             if self._process.poll() is None:
                 self._process.kill()
-        return await self._process.wait()
+        return await self._wait()
 
 
 def agent_environment(
@@ -251,6 +275,7 @@ class _RunState:
     cancel: trio.CancelScope = field(default_factory=trio.CancelScope)
     stop_grace: float = AGENT_STOP_GRACE_S
     agent_done: bool = False
+    work_quota: bool = False
 
 
 async def _watch_signals(state: _RunState, sink: EventSink) -> None:
@@ -325,6 +350,46 @@ async def _wait_ready(
     return False
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: SIGTERM this child when the thread that forked it dies.
+
+    If the parent died between fork and prctl, the signal would never come:
+    then the child terminates itself at once.
+    """
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _spawn_broker(argv: Sequence[str], env: Mapping[str, str], stderr: int | None) -> Any:
+    """Fork and exec the broker *in the calling thread*.
+
+    The parent-death signal fires when the forking thread exits, not the
+    process: ``trio.lowlevel.open_process`` forks in a worker thread, which
+    trio retires after a few idle seconds, and that would stop the broker
+    mid-run. So the fork happens here, synchronously, in the thread running
+    trio -- the main thread under ``bounded-query-harness`` (a fork with an
+    exec takes milliseconds).
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+        cwd="/",
+        preexec_fn=_parent_death_signal(libc, os.getpid()),
+    )
+
+
 async def _start_child_broker(
     options: RunOptions, paths: RunPaths, env: Mapping[str, str]
 ) -> BrokerHandle:
@@ -333,13 +398,10 @@ async def _start_child_broker(
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         stderr = os.open(options.broker_log, flags, 0o600)
     try:
-        process = await trio.lowlevel.open_process(
+        process = _spawn_broker(
             [*options.broker_command, "--config", str(paths.broker_config)],
-            env=broker_environment(env),
-            stdin=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-            cwd="/",
+            broker_environment(env),
+            stderr,
         )
     finally:
         if stderr is not None:
@@ -551,6 +613,11 @@ async def run(
                 if await _prepare(options, loaded, env, state, sink):
                     assert state.paths is not None
                     phase = "broker"
+                    state.work_quota = await mount_work_quota(
+                        state.paths.workspaces_dir,
+                        parse_memory_limit(loaded.config.memory_limit),
+                        sink,
+                    )
                     starter = start_broker or _start_child_broker
                     state.broker = await starter(options, state.paths, env)
                     sink.emit("broker_started")
@@ -570,8 +637,13 @@ async def run(
             if state.signal_number is not None and not state.agent_done:
                 status = 128 + state.signal_number
             try:
-                await _stop_broker(state, sink)
-                await _reconcile(state, sink)
+                try:
+                    await _stop_broker(state, sink)
+                    await _reconcile(state, sink)
+                finally:
+                    if state.work_quota and state.paths is not None:
+                        await unmount_work_quota(state.paths.workspaces_dir, sink)
+                        state.work_quota = False
                 _summarize(state, status, phase, sink, env)
                 await _remove_roots(state, sink)
             finally:
