@@ -33,12 +33,9 @@ terminated, then killed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import secrets
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +45,7 @@ from typing import Any, Protocol
 import trio
 from bounded_query.broker.runner import LABEL_RUN, parse_memory_limit
 
+from .child import broker_environment, start_child_broker
 from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, Problem, load_config
 from .events import EventSink, append_step_summary
 from .outputs import (
@@ -77,6 +75,7 @@ __all__ = [
     "PreparedRun",
     "RunOptions",
     "agent_environment",
+    "broker_environment",
     "load_reported",
     "prepare",
     "reconcile_containers",
@@ -87,9 +86,8 @@ EXIT_HARNESS = 2
 #: How long the broker may take to write its ready file.
 READY_TIMEOUT_S = 60.0
 READY_POLL_S = 0.05
-#: Grace periods before escalating to SIGKILL.
+#: Grace period before escalating to SIGKILL.
 AGENT_STOP_GRACE_S = 10.0
-BROKER_STOP_GRACE_S = 20.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -129,41 +127,6 @@ class BrokerHandle(Protocol):
         ...
 
 
-class _ChildBroker:
-    """The broker as a child process (spawned by :func:`_spawn_broker`)."""
-
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self._process = process
-
-    def exited(self) -> int | None:
-        return self._process.poll()
-
-    async def _wait(self) -> int:
-        """Wait for exit without a thread: a pidfd is readable once the child exits."""
-        process = self._process
-        while process.poll() is None:
-            try:
-                fd = os.pidfd_open(process.pid)
-            except OSError:  # no pidfd (old kernel): poll
-                await trio.sleep(READY_POLL_S)
-                continue
-            try:
-                await trio.lowlevel.wait_readable(fd)
-            finally:
-                os.close(fd)
-        return process.returncode
-
-    async def stop(self) -> int | None:
-        if self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.send_signal(signal.SIGTERM)
-            with trio.move_on_after(BROKER_STOP_GRACE_S):
-                await self._wait()
-            if self._process.poll() is None:
-                self._process.kill()
-        return await self._wait()
-
-
 def agent_environment(
     env: Mapping[str, str], paths: RunPaths, config: BoundedQueriesConfig
 ) -> dict[str, str]:
@@ -175,12 +138,6 @@ def agent_environment(
     path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     out["PATH"] = f"{paths.wrapper_dir}{os.pathsep}{path}" if path else str(paths.wrapper_dir)
     return out
-
-
-def broker_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """A minimal, credential-free environment for the broker child."""
-    keep = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH")
-    return {k: env[k] for k in keep if k in env}
 
 
 def _exit_status(returncode: int) -> int:
@@ -348,65 +305,6 @@ async def _wait_ready(
             await trio.sleep(READY_POLL_S)
     sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s")
     return False
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: SIGTERM this child when the thread that forked it dies.
-
-    If the parent died between fork and prctl, the signal would never come:
-    then the child terminates itself at once.
-    """
-
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def _spawn_broker(argv: Sequence[str], env: Mapping[str, str], stderr: int | None) -> Any:
-    """Fork and exec the broker *in the calling thread*.
-
-    The parent-death signal fires when the forking thread exits, not the
-    process: ``trio.lowlevel.open_process`` forks in a worker thread, which
-    trio retires after a few idle seconds, and that would stop the broker
-    mid-run. So the fork happens here, synchronously, in the thread running
-    trio -- the main thread under ``bounded-query-harness`` (a fork with an
-    exec takes milliseconds).
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return subprocess.Popen(
-        list(argv),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stderr=stderr,
-        start_new_session=True,
-        cwd="/",
-        preexec_fn=_parent_death_signal(libc, os.getpid()),
-    )
-
-
-async def _start_child_broker(
-    options: RunOptions, paths: RunPaths, env: Mapping[str, str]
-) -> BrokerHandle:
-    stderr: int | None = None
-    if options.broker_log is not None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        stderr = os.open(options.broker_log, flags, 0o600)
-    try:
-        process = _spawn_broker(
-            [*options.broker_command, "--config", str(paths.broker_config)],
-            broker_environment(env),
-            stderr,
-        )
-    finally:
-        if stderr is not None:
-            os.close(stderr)
-    return _ChildBroker(process)
 
 
 BrokerStarter = Callable[[RunOptions, RunPaths, Mapping[str, str]], Any]
@@ -618,7 +516,7 @@ async def run(
                         parse_memory_limit(loaded.config.memory_limit),
                         sink,
                     )
-                    starter = start_broker or _start_child_broker
+                    starter = start_broker or start_child_broker
                     state.broker = await starter(options, state.paths, env)
                     sink.emit("broker_started")
                     if await _wait_ready(

@@ -349,10 +349,15 @@ json.dump({"answers": answers, "mounts": [p for p in points if p.startswith(base
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("runtime", ["docker", "gvisor"])
+@pytest.mark.parametrize("mode", ["docker", "gvisor", "compose"])
 async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
-    docker_client, tmp_path, runtime
+    docker_client, tmp_path, mode
 ):
+    """``compose``: the broker container sees the host tmpfs through its recursive bind."""
+    from bounded_query.harness.compose import compose_broker_starter
+
+    runtime = "docker" if mode == "compose" else mode
+    starter = compose_broker_starter(None) if mode == "compose" else None
     if os.geteuid() != 0:
         pytest.skip("mounting the quota tmpfs needs root (the degraded path is tested above)")
     source = tmp_path / "src"
@@ -376,7 +381,7 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
             workspace=tmp_path,
             base=base,
         )
-        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]})
+        status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
         assert mounts_under(base) == []
         assert list(base.iterdir()) == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
