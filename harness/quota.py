@@ -16,13 +16,18 @@ the broker starts, the harness mounts a size-limited tmpfs at
   runaway writer gets ENOSPC, which a script can handle, and the quota does
   not depend on how the kernel or the runtime accounts the pages.
   Invocations are serialized and each workspace is deleted after its query,
-  so one workspace uses the quota at a time;
+  so one workspace uses the quota at a time. The answer file ``/query/out``
+  is in the same workspace: a script that filled the quota must free space
+  before it can answer;
 * inodes :data:`WORK_QUOTA_BYTES_PER_INODE` bytes of quota per inode, so
   millions of empty files cannot pin unbounded kernel memory either;
 * ``mode=0700,nosuid,nodev``: as private as the directory it replaces.
 
-In compose mode the broker container bind-mounts the private root
-recursively, so the same host mount is what the broker and dockerd see.
+In ``run --compose`` the broker container bind-mounts the private root
+recursively, so the same host mount is what the broker and dockerd see. The
+detached ``compose`` command has no quota (reported degraded): nothing
+would unmount it. A harness killed with SIGKILL runs no teardown and leaves
+the (by then normally empty) mount and the private root behind.
 
 Unmounting never blocks teardown: a plain unmount, then a lazy (detached)
 one when something still holds the file system (for example the overlay of
