@@ -19,11 +19,13 @@ invocation's overlay stacks ``view:seed`` as its lower layers.
 
 Every mount is made by dockerd through the local volume driver (``type=
 overlay``), so the broker needs no mount privilege and the same code works
-when the broker itself runs in a container. Trade-off: the upper layer is on
-the disk of the private root, not in a size-limited tmpfs; the query's writes
-there are bounded by RLIMIT_FSIZE per file, the PID and open-file limits and
-the wall-clock timeout (the same bound spec 14.7 states), and they are
-deleted with the workspace.
+when the broker itself runs in a container. Quota: when the harness runs as
+root, the private root's ``work/`` is a tmpfs of half the memory limit
+(harness/quota.py), so the upper layer has a hard quota (ENOSPC); otherwise
+it is on the private root's disk, bounded by RLIMIT_FSIZE per file, the PID
+and open-file limits and the wall-clock timeout (the bound spec 14.7
+states), the run is reported degraded, and the writes are deleted with the
+workspace.
 
 This module only derives names and request bodies; the runner performs them.
 """
