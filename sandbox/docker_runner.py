@@ -42,6 +42,7 @@ from bounded_query.broker.runner import (
 from bounded_query.seccomp import profile_json
 
 from .overlay import (
+    VolumeSpec,
     invocation_volume,
     overlay_safe,
     prep_container_body,
@@ -292,13 +293,7 @@ class DockerRunner:
             try:
                 if volume is not None:
                     with clock("volume"):
-                        await self._call(
-                            self.api.create_volume,
-                            volume.name,
-                            driver="local",
-                            driver_opts=dict(volume.driver_opts),
-                            labels=dict(volume.labels),
-                        )
+                        await self._create_volume(volume)
                 with clock("create"):
                     created = await self._call(
                         self.api.create_container_from_config, spec.body, spec.name
@@ -369,6 +364,16 @@ class DockerRunner:
                 return False
         return True
 
+    async def _create_volume(self, volume: VolumeSpec) -> None:
+        """Have dockerd create ``volume`` (the local driver performs the mount)."""
+        await self._call(
+            self.api.create_volume,
+            volume.name,
+            driver="local",
+            driver_opts=dict(volume.driver_opts),
+            labels=dict(volume.labels),
+        )
+
     async def _remove_volume(self, name: str) -> bool:
         """Remove one volume (unmounting it); True when it is gone."""
         import docker.errors
@@ -412,13 +417,7 @@ class DockerRunner:
                 return None
             prep = volumes.prep(seed_host, upper_dir, work_dir)
             prep_name = prep.name
-            await self._call(
-                self.api.create_volume,
-                prep.name,
-                driver="local",
-                driver_opts=dict(prep.driver_opts),
-                labels=dict(prep.labels),
-            )
+            await self._create_volume(prep)
             body = prep_container_body(self.settings, prep.name)
             created = await self._call(self.api.create_container_from_config, body, None)
             container_id = str(created["Id"])
