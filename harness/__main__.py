@@ -16,6 +16,7 @@ failed preflight or staging, broker that never became ready).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -119,6 +120,8 @@ COMPOSE_STATE = "bounded-query-compose.json"
 
 
 def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
+    from bounded_query.broker.runner import parse_memory_limit
+
     from .compose import (
         ComposeError,
         compose_command,
@@ -128,6 +131,7 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
         write_compose_file,
     )
     from .outputs import remove_roots
+    from .quota import mount_work_quota, unmount
     from .run import prepare
 
     try:
@@ -145,6 +149,8 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
     prepared = trio.run(prepare, options, loaded, dict(os.environ), sink)
     if prepared is None:
         return EXIT_HARNESS
+    work_dir = prepared.paths.workspaces_dir
+    trio.run(mount_work_quota, work_dir, parse_memory_limit(prepared.config.memory_limit), sink)
     project = args.project or f"bq{prepared.paths.private_root.name[-16:]}"
     compose_file = out_dir / "docker-compose.yml"
     try:
@@ -165,6 +171,8 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
             run_compose(project, compose_file, prepared.docker_host, "up", "-d")
     except (ComposeError, OSError) as exc:
         sink.emit("compose_failed", message=str(exc))
+        with contextlib.suppress(OSError):
+            unmount(work_dir)
         remove_roots(prepared.paths)
         return EXIT_HARNESS
     sink.emit("compose_written", composeFile=str(compose_file), project=project)
@@ -181,6 +189,7 @@ def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
     from .compose import run_compose
     from .outputs import remove_roots
     from .paths import RunPaths
+    from .quota import unmount
     from .run import reconcile_containers
 
     state_file = Path(args.out).absolute() / COMPOSE_STATE
@@ -196,7 +205,10 @@ def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
     sink.emit("compose_down", status=done.returncode)
     removed = reconcile_containers(state["dockerHost"], state["runId"])
     sink.emit("containers_reconciled", removed=removed)
-    remove_roots(RunPaths(Path(state["privateRoot"]), Path(state["ingressRoot"])))
+    paths = RunPaths(Path(state["privateRoot"]), Path(state["ingressRoot"]))
+    with contextlib.suppress(OSError):
+        sink.emit("work_quota_unmounted", how=unmount(paths.workspaces_dir))
+    remove_roots(paths)
     state_file.unlink()
     sink.emit("roots_removed")
     return 0 if done.returncode == 0 else 1

@@ -325,8 +325,9 @@ async def prepare(
 ) -> PreparedRun | None:
     """Preflight, staging and outputs without a broker (``compose``).
 
-    Reported degraded: the detached project gets no workspace quota.
-    Returns None after a reported failure, having removed what it created.
+    The caller mounts the workspace quota (``compose`` does, and
+    ``compose-down`` unmounts it). Returns None after a reported failure,
+    having removed what it created.
     """
     state = _RunState(config=loaded.config)
     try:
@@ -338,13 +339,6 @@ async def prepare(
     if not ok or state.paths is None:
         await _remove_roots(state, sink)
         return None
-    # The detached project outlives this process, and ``compose-down`` does
-    # not unmount: no workspace tmpfs here (``run --compose`` has one).
-    sink.degrade(
-        "workspace quota",
-        "the detached compose project has no workspace tmpfs; a query's repository writes"
-        " are bounded only per file, by its PID limit and by its timeout",
-    )
     return PreparedRun(state.run_id, state.paths, loaded.config, state.docker_host)
 
 

@@ -220,8 +220,16 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
             ).stdout
             assert "AWF_BOUNDED_QUERY_REPOS=octo/alpha" in env
             assert "TOKEN" not in env
+            # The detached project has its workspace quota too (harness/quota.py).
+            work = Path(state["privateRoot"]) / "work"
+            assert any(
+                line.split()[4] == str(work) and " - tmpfs " in line
+                for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            )
+            assert "degraded" not in err
         finally:
             assert main(["compose-down", "--out", str(out)]) == 0
+        assert str(base) not in Path("/proc/self/mountinfo").read_text()
         assert leftover(engine, HARNESS_LABEL, state["runId"]) == []
         assert leftover(engine, LABEL_RUN, state["runId"]) == []
         assert list(base.iterdir()) == []
