@@ -68,6 +68,7 @@ from .preflight import (
 from .quota import mount_work_quota, unmount_work_quota
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
+from .sweep import MODE_COMPOSE, MODE_RUN, current_owner, sweep_stale_roots, write_owner_record
 
 __all__ = [
     "EXIT_HARNESS",
@@ -331,7 +332,7 @@ async def prepare(
     """
     state = _RunState(config=loaded.config)
     try:
-        ok = await _prepare(options, loaded, env, state, sink)
+        ok = await _prepare(options, loaded, env, state, sink, mode=MODE_COMPOSE)
     except BaseException:
         with trio.CancelScope(shield=True):
             await _remove_roots(state, sink)
@@ -348,9 +349,16 @@ async def _prepare(
     env: Mapping[str, str],
     state: _RunState,
     sink: EventSink,
+    *,
+    mode: str = MODE_RUN,
 ) -> bool:
-    """Preflight, staging and outputs; False after a reported failure."""
+    """Sweep, preflight, staging and outputs; False after a reported failure.
+
+    ``mode`` goes into the owner record (``sweep.py``): ``run`` roots are
+    swept once their harness is gone, ``compose`` roots never are.
+    """
     config = loaded.config
+    await trio.to_thread.run_sync(sweep_stale_roots, options.base, os.getuid(), sink)
     state.run_id = secrets.token_hex(16)
     state.docker_host = docker_host_from_env(env)
     paths = run_paths(os.getuid(), options.workspace, state.run_id, options.base)
@@ -378,6 +386,11 @@ async def _prepare(
         return False
     state.paths = paths
     state.roots_created = True
+    try:
+        write_owner_record(paths.private_root, current_owner(mode))
+    except OSError as exc:
+        sink.emit("staging_failed", message=f"cannot write the owner record: {exc.strerror or exc}")
+        return False
     specs = [SeedSpec(r, options.seed_sources.get(r.repo.lower())) for r in config.private_repos]
 
     def staged(seed: StagedSeed) -> None:

@@ -1,0 +1,430 @@
+"""The sweep of roots left by a killed harness (harness/sweep.py).
+
+* Owner records: written at root creation (0600, mode ``run`` or
+  ``compose``), read without following symlinks.
+* The sweep decision: a dead owner, another boot or a reused PID (right
+  PID, wrong start time) means removal; a live owner, a compose project, a
+  PID from another namespace, a missing record, a symlinked or foreign
+  root mean the root is kept.
+* Removal handles a read-only seed tree, the ingress root with the same
+  suffix and (as root; failing instead of skipping under CI=true) a mounted
+  workspace tmpfs.
+* End to end: a harness killed with SIGKILL mid-run leaves its roots and
+  its tmpfs; the next ``run`` on the same base removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.outputs import create_ingress_root
+from bounded_query.harness.paths import RunPaths, run_paths
+from bounded_query.harness.quota import WorkQuota, mount_tmpfs, unmount
+from bounded_query.harness.run import RunOptions, run
+from bounded_query.harness.staging import create_private_root
+from bounded_query.harness.sweep import (
+    MODE_COMPOSE,
+    MODE_RUN,
+    OWNER_RECORD,
+    OwnerRecord,
+    current_owner,
+    owner_is_gone,
+    process_start_time,
+    read_owner_record,
+    sweep_stale_roots,
+    write_owner_record,
+)
+
+from tests.harness.bq_harness_helpers import make_repo, var_tmp_base
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
+UID = os.getuid()
+
+
+def require_root() -> None:
+    """Mounting needs root: skip without it, but fail under CI=true (CI runs as root)."""
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail("the sweep's mount tests must run as root under CI=true")
+    pytest.skip("mounting a tmpfs needs root")
+
+
+def mounts_under(base: Path) -> list[str]:
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point == str(base) or point.startswith(f"{base}/"):
+            found.append(point)
+    return found
+
+
+@contextlib.contextmanager
+def sweep_base() -> Iterator[Path]:
+    """A fresh base under /var/tmp; detaches any mount a failed test left."""
+    with var_tmp_base() as base:
+        try:
+            yield base
+        finally:
+            for point in sorted(mounts_under(base), reverse=True):
+                with contextlib.suppress(OSError):
+                    unmount(Path(point))
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def make_roots(base: Path, name: str, record: OwnerRecord | None) -> RunPaths:
+    """Both roots as a run leaves them: a read-only seed, a sealed skill dir."""
+    paths = run_paths(UID, Path(f"/work/{name}"), name, base)
+    create_private_root(paths)
+    if record is not None:
+        write_owner_record(paths.private_root, record)
+    seed = paths.seeds_dir / "0123456789abcdef0123456789abcdef"
+    (seed / "src").mkdir(parents=True)
+    (seed / "src" / "secret.py").write_text("TOKEN = 'private source'\n")
+    for path in (seed / "src" / "secret.py", seed / "src", seed):
+        os.chmod(path, 0o444 if path.is_file() else 0o555)
+    paths.seed_map.write_text("{}")
+    create_ingress_root(paths)
+    (paths.wrapper_dir / "bounded-query").write_text("#!/bin/sh\n")
+    for path in (paths.wrapper_dir / "bounded-query", paths.wrapper_dir, paths.skill_dir):
+        os.chmod(path, 0o555)
+    return paths
+
+
+def record(mode: str = MODE_RUN, **changes: object) -> OwnerRecord:
+    doc = {**current_owner(mode).to_doc(), **changes}
+    parsed = OwnerRecord.from_doc(doc)
+    assert parsed is not None
+    return parsed
+
+
+def sweep(base: Path) -> list[dict[str, object]]:
+    stream = io.StringIO()
+    sweep_stale_roots(base, UID, EventSink(stream))
+    text = stream.getvalue()
+    assert str(base) not in text  # events carry the suffix only, never a path
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def exists(paths: RunPaths) -> tuple[bool, bool]:
+    return paths.private_root.exists(), paths.ingress_root.exists()
+
+
+# -- owner records ---------------------------------------------------------
+
+
+def test_owner_record_is_private_and_round_trips(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    mine = current_owner(MODE_COMPOSE)
+    write_owner_record(root, mine)
+    assert os.stat(root / OWNER_RECORD).st_mode & 0o777 == 0o600
+    assert os.stat(root / OWNER_RECORD.parent).st_mode & 0o777 == 0o700
+    assert read_owner_record(root, UID) == mine
+    assert mine.pid == os.getpid()
+    assert mine.start_time == process_start_time(os.getpid())
+    assert read_owner_record(root, UID + 1) is None  # not this user's file
+
+
+def test_owner_record_behind_a_symlink_is_not_read(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_owner_record(elsewhere, current_owner(MODE_RUN))
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "control").symlink_to(elsewhere / "control")
+    assert read_owner_record(root, UID) is None
+    assert read_owner_record(tmp_path / "missing", UID) is None
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"version": 2, "mode": "run", "pid": 1, "startTime": 1, "bootId": "", "pidNamespace": ""},
+        {"version": 1, "mode": "other", "pid": 1, "startTime": 1, "bootId": "", "pidNamespace": ""},
+        {"version": 1, "mode": "run", "pid": "1", "startTime": 1, "bootId": "", "pidNamespace": ""},
+        {"version": 1, "mode": "run", "pid": 0, "startTime": 1, "bootId": "", "pidNamespace": ""},
+        {"version": 1, "mode": "run", "pid": 1, "startTime": True, "bootId": "",
+         "pidNamespace": ""},
+        [],
+    ],
+)
+def test_invalid_owner_records_are_rejected(doc):
+    assert OwnerRecord.from_doc(doc) is None
+
+
+def test_owner_is_gone_decisions():
+    mine = current_owner(MODE_RUN)
+    assert owner_is_gone(mine) is None
+    reused = record(startTime=mine.start_time + 1)
+    assert owner_is_gone(reused) == "owner exited; its pid was reused"
+    assert owner_is_gone(record(pid=dead_pid())) == "owner exited"
+    assert owner_is_gone(record(bootId="another-boot", pid=dead_pid())) == (
+        "owner ran before a reboot"
+    )
+    # A PID from another namespace proves nothing here.
+    assert owner_is_gone(record(pidNamespace="pid:[1]", pid=dead_pid())) is None
+    assert owner_is_gone(record(MODE_COMPOSE, pid=dead_pid())) is None
+    zombie = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while process_start_time(zombie.pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process_start_time(zombie.pid) is None  # a zombie counts as gone
+    finally:
+        zombie.wait()
+
+
+# -- the sweep ---------------------------------------------------------------
+
+
+def test_roots_of_a_dead_owner_are_removed_read_only_seed_and_all():
+    with sweep_base() as base:
+        paths = make_roots(base, "dead", record(pid=dead_pid()))
+        assert exists(paths) == (True, True)
+        events = sweep(base)
+        assert exists(paths) == (False, False)
+        assert list(base.iterdir()) == []
+    suffix = paths.private_root.name.rsplit("-", 2)[-2:]
+    assert events == [
+        {"event": "stale_root_removed", "ts": events[0]["ts"], "root": "-".join(suffix),
+         "reason": "owner exited"},
+        {"event": "stale_roots_swept", "ts": events[1]["ts"], "removed": 1, "live": 0,
+         "compose": 0, "skipped": 0, "failed": 0},
+    ]
+
+
+def test_pid_reuse_is_detected_and_the_roots_removed():
+    with sweep_base() as base:
+        mine = current_owner(MODE_RUN)
+        paths = make_roots(base, "reused", record(startTime=mine.start_time + 1))
+        events = sweep(base)
+        assert exists(paths) == (False, False)
+    assert events[0]["reason"] == "owner exited; its pid was reused"
+
+
+def test_roots_of_a_live_owner_are_kept():
+    with sweep_base() as base:
+        paths = make_roots(base, "live", current_owner(MODE_RUN))
+        events = sweep(base)
+        assert exists(paths) == (True, True)
+    assert [e["event"] for e in events] == ["stale_roots_swept"]
+    assert events[0]["live"] == 1
+    assert events[0]["removed"] == 0
+
+
+def test_compose_roots_are_never_swept():
+    with sweep_base() as base:
+        paths = make_roots(base, "compose", record(MODE_COMPOSE, pid=dead_pid()))
+        events = sweep(base)
+        assert exists(paths) == (True, True)
+    assert [e["event"] for e in events] == ["stale_roots_swept"]
+    assert events[0]["compose"] == 1
+
+
+def test_a_root_without_owner_record_is_kept_and_reported():
+    with sweep_base() as base:
+        paths = make_roots(base, "legacy", None)
+        events = sweep(base)
+        assert exists(paths) == (True, True)
+    assert events[0]["event"] == "stale_root_skipped"
+    assert events[0]["reason"] == "no readable owner record"
+    assert events[1]["skipped"] == 1
+
+
+def test_symlinks_and_foreign_names_are_never_followed(tmp_path):
+    with sweep_base() as base:
+        # A real dead-owner root somewhere else, reachable through a symlink
+        # that carries a private-root name.
+        target = make_roots(tmp_path, "target", record(pid=dead_pid()))
+        link = base / target.private_root.name
+        link.symlink_to(target.private_root)
+        # A dead-owner root of another uid's name, and a misnamed one.
+        other = make_roots(base, "other", record(pid=dead_pid()))
+        foreign = base / other.private_root.name.replace(f"-{UID}-", f"-{UID + 1}-")
+        other.private_root.rename(foreign)
+        misnamed = base / (target.private_root.name + "x")
+        misnamed.mkdir()
+        events = sweep(base)
+        assert link.is_symlink()
+        assert exists(target) == (True, True)
+        assert foreign.is_dir()
+        assert misnamed.is_dir()
+    assert events == []
+
+
+def test_an_ingress_symlink_keeps_the_pair():
+    with sweep_base() as base:
+        paths = make_roots(base, "ingress", record(pid=dead_pid()))
+        outside = base / "outside"
+        paths.ingress_root.rename(outside)
+        paths.ingress_root.symlink_to(outside)
+        events = sweep(base)
+        assert paths.private_root.is_dir()
+        assert (outside / "skill" / "bin" / "bounded-query").exists()
+    assert events[0]["event"] == "stale_root_skipped"
+
+
+def test_a_mounted_workspace_tmpfs_is_unmounted_and_removed():
+    require_root()
+    with sweep_base() as base:
+        paths = make_roots(base, "mounted", record(pid=dead_pid()))
+        paths.workspaces_dir.mkdir(mode=0o700)
+        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024))
+        (paths.workspaces_dir / "leftover").write_text("query output\n")
+        assert mounts_under(base) == [str(paths.workspaces_dir)]
+        events = sweep(base)
+        assert mounts_under(base) == []
+        assert exists(paths) == (False, False)
+    assert events[0]["event"] == "stale_root_removed"
+
+
+def test_a_busy_tmpfs_is_detached_and_the_roots_removed():
+    require_root()
+    with sweep_base() as base:
+        paths = make_roots(base, "busy", record(pid=dead_pid()))
+        paths.workspaces_dir.mkdir(mode=0o700)
+        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024))
+        fd = os.open(paths.workspaces_dir / "held", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            events = sweep(base)
+            assert mounts_under(base) == []
+            assert exists(paths) == (False, False)
+        finally:
+            os.close(fd)
+    assert events[0]["event"] == "stale_root_removed"
+
+
+# -- end to end: SIGKILL, then the next run ----------------------------------
+
+DRIVER = r"""
+import os, sys
+from pathlib import Path
+import trio
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.run import RunOptions, run
+
+config, source, base, work = sys.argv[1:5]
+options = RunOptions(
+    config_source=config,
+    agent=(sys.executable, "-c", "import time; time.sleep(600)"),
+    seed_sources={"octo/alpha": Path(source)},
+    workspace=Path(work),
+    base=Path(base),
+    broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
+    probe_runtime=False,
+)
+trio.run(run, options, EventSink(sys.stdout),
+         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
+"""
+
+
+def processes_mentioning(fragment: bytes) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``fragment``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if fragment in (entry / "cmdline").read_bytes() and process_start_time(
+                int(entry.name)
+            ) is not None:
+                found.append(int(entry.name))
+    return found
+
+
+def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path) -> None:
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    harness = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(config), str(source), str(base),
+         str(tmp_path)],
+        stdout=subprocess.PIPE, env=env, cwd=REPO_ROOT,
+    )
+    agent_pid = None
+    try:
+        assert harness.stdout is not None
+        for line in harness.stdout:
+            event = json.loads(line)
+            if event["event"] == "agent_started":
+                agent_pid = event["pid"]
+                break
+        assert agent_pid is not None, "the harness never started the agent"
+        harness.kill()
+        harness.wait(timeout=10)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+        if harness.stdout is not None:
+            harness.stdout.close()
+        if agent_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(base).encode()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in processes_mentioning(str(base).encode()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hi\n"})
+    config = tmp_path / "c.json"
+    section = {"enabled": True, "memoryLimit": "64m",
+               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    config.write_text(json.dumps({"boundedQueries": section}))
+    stream = io.StringIO()
+    with sweep_base() as base:
+        kill_harness_mid_run(tmp_path, base, config, source)
+        left = sorted(p.name for p in base.iterdir())
+        assert len(left) == 2  # the private and the ingress root
+        private = next(base / n for n in left if "-private-" in n)
+        seeds = list((private / "seeds").iterdir())
+        assert len(seeds) == 1
+        assert (private / OWNER_RECORD).is_file()
+        if os.geteuid() == 0:
+            assert mounts_under(base) == [str(private / "work")]
+        options = RunOptions(
+            config_source=str(config),
+            agent=("true",),
+            seed_sources={"octo/alpha": source},
+            workspace=tmp_path,
+            base=base,
+            broker_command=FAKE_BROKER,
+            probe_runtime=False,
+        )
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT)}
+        status = await run(options, EventSink(stream), env)
+        assert mounts_under(base) == []
+        assert list(base.iterdir()) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert status == 0, events
+    removed = [e for e in events if e["event"] == "stale_root_removed"]
+    assert removed == [
+        {"event": "stale_root_removed", "ts": removed[0]["ts"],
+         "root": private.name.removeprefix("awf-bounded-query-private-"),
+         "reason": "owner exited"}
+    ]
+    names = [e["event"] for e in events]
+    assert names.index("stale_roots_swept") < names.index("preflight_passed")
