@@ -25,9 +25,11 @@ the broker starts, the harness mounts a size-limited tmpfs at
 
 In ``run --compose`` the broker container bind-mounts the private root
 recursively, so the same host mount is what the broker and dockerd see. The
-detached ``compose`` command has no quota (reported degraded): nothing
-would unmount it. A harness killed with SIGKILL runs no teardown and leaves
-the (by then normally empty) mount and the private root behind.
+detached ``compose`` command mounts it too and ``compose-down`` unmounts
+it. A harness killed with SIGKILL runs no teardown and leaves
+the (by then normally empty) mount and the private root behind; the next
+``run`` or ``compose`` on the same base unmounts and removes them
+(``sweep.py``).
 
 Unmounting never blocks teardown: a plain unmount, then a lazy (detached)
 one when something still holds the file system (for example the overlay of

@@ -1,7 +1,8 @@
 """``bounded-query-harness run``: one complete run (spec 14.2, 14.6-14.8).
 
-Phases, each reported as a JSONL event: configuration -> preflight (static,
-then the runtime probe) -> private root and staging -> seed map, broker
+Phases, each reported as a JSONL event: configuration -> the sweep of roots
+left by a harness killed with SIGKILL (``sweep.py``) -> preflight (static,
+then the runtime probe) -> private root with its owner record, and staging -> seed map, broker
 config, skill and wrapper -> broker (a child process in its own session; or
 the compose service) -> readiness (the broker's ``control/ready`` file) ->
 the agent command -> teardown. Before the broker starts, a size-limited tmpfs

@@ -428,3 +428,47 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     ]
     names = [e["event"] for e in events]
     assert names.index("stale_roots_swept") < names.index("preflight_passed")
+
+
+async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
+    from bounded_query.harness.outputs import remove_roots
+    from bounded_query.harness.run import load_reported, prepare
+
+    source = tmp_path / "src"
+    make_repo(source, {"README.md": "hi\n"})
+    config = tmp_path / "c.json"
+    section = {"enabled": True,
+               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    config.write_text(json.dumps({"boundedQueries": section}))
+    stream = io.StringIO()
+    sink = EventSink(stream)
+    with sweep_base() as base:
+        stale = make_roots(base, "stale", record(pid=dead_pid()))
+        loaded = load_reported(str(config), sink)
+        assert loaded is not None
+        options = RunOptions(
+            config_source=str(config),
+            agent=(),
+            seed_sources={"octo/alpha": source},
+            workspace=tmp_path,
+            base=base,
+            probe_runtime=False,
+        )
+        prepared = await prepare(options, loaded, {"PATH": os.environ["PATH"]}, sink)
+        assert prepared is not None
+        try:
+            assert exists(stale) == (False, False)
+            owner = read_owner_record(prepared.paths.private_root, UID)
+            assert owner is not None
+            assert owner.mode == MODE_COMPOSE
+            assert owner.pid == os.getpid()
+            # Even once its creator is gone, a compose project's roots stay.
+            write_owner_record(
+                prepared.paths.private_root, record(MODE_COMPOSE, pid=dead_pid())
+            )
+            sweep(base)
+            assert exists(prepared.paths) == (True, True)
+        finally:
+            remove_roots(prepared.paths)
+    names = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert names.index("stale_root_removed") < names.index("preflight_passed")
