@@ -186,3 +186,88 @@ def all_bytes_under(root: Path) -> Iterator[tuple[Path, bytes]]:
             path = Path(dirpath) / name
             if not path.is_symlink():
                 yield path, path.read_bytes()
+
+
+# -- a harness process to SIGKILL mid-run ---------------------------------
+
+HARNESS_TESTS_ROOT = Path(__file__).resolve().parents[2]
+
+#: A real harness process (fake broker, an agent that sleeps) that tests kill
+#: mid-run; argv: config, seed source, state base, work dir. Events on stdout.
+KILLABLE_HARNESS = r"""
+import os, sys
+from pathlib import Path
+import trio
+from bounded_query.harness.events import EventSink
+from bounded_query.harness.run import RunOptions, run
+
+config, source, base, work = sys.argv[1:5]
+options = RunOptions(
+    config_source=config,
+    agent=(sys.executable, "-c", "import time; time.sleep(600)"),
+    seed_sources={"octo/alpha": Path(source)},
+    workspace=Path(work),
+    base=Path(base),
+    broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
+    probe_runtime=False,
+)
+trio.run(run, options, EventSink(sys.stdout),
+         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
+"""
+
+
+def live_pids_with(fragment: bytes) -> list[int]:
+    """Live (non-zombie) processes whose command line contains ``fragment``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if fragment not in (entry / "cmdline").read_bytes():
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@contextlib.contextmanager
+def killable_harness(
+    work: Path, config: Path, source: Path, base: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid).
+
+    On exit the harness and the agent are killed if still alive, so a failing
+    test leaves no process behind (what else runs under ``base`` is the
+    caller's to check).
+    """
+    import json
+    import signal
+    import sys
+
+    (work / "driver.py").write_text(KILLABLE_HARNESS)
+    env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    harness = subprocess.Popen(
+        [sys.executable, str(work / "driver.py"), str(config), str(source), str(base),
+         str(work)],
+        stdout=subprocess.PIPE, env=env, cwd=HARNESS_TESTS_ROOT,
+    )
+    agent_pid = None
+    try:
+        assert harness.stdout is not None
+        for line in harness.stdout:
+            event = json.loads(line)
+            if event["event"] == "agent_started":
+                agent_pid = event["pid"]
+                break
+        assert agent_pid is not None, "the harness never started the agent"
+        yield harness, agent_pid
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+        if harness.stdout is not None:
+            harness.stdout.close()
+        if agent_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent_pid, signal.SIGKILL)

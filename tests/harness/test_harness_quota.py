@@ -20,7 +20,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -40,7 +39,13 @@ from bounded_query.harness.quota import (
 from bounded_query.harness.run import RunOptions, run
 from bounded_query.harness.summary import render_summary, usage_from_state
 
-from tests.harness.bq_harness_helpers import cmdlines, make_repo, var_tmp_base
+from tests.harness.bq_harness_helpers import (
+    cmdlines,
+    killable_harness,
+    live_pids_with,
+    make_repo,
+    var_tmp_base,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
@@ -217,44 +222,6 @@ async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
 
 # -- SIGKILL of the harness -------------------------------------------------
 
-DRIVER = r"""
-import json, os, sys
-from pathlib import Path
-import trio
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
-from bounded_query.harness.summary import render_summary, usage_from_state
-
-config, source, base, work = sys.argv[1:5]
-options = RunOptions(
-    config_source=config,
-    agent=(sys.executable, "-c", "import time; time.sleep(600)"),
-    seed_sources={"octo/alpha": Path(source)},
-    workspace=Path(work),
-    base=Path(base),
-    broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
-    probe_runtime=False,
-)
-trio.run(run, options, EventSink(sys.stdout),
-         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
-"""
-
-
-def pids_with(fragment: bytes) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``fragment``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if fragment not in (entry / "cmdline").read_bytes():
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 def threads_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
@@ -268,49 +235,29 @@ def test_broker_child_dies_with_a_sigkilled_harness(tmp_path):
     config = tmp_path / "c.json"
     section = {"enabled": True, "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
     config.write_text(json.dumps({"boundedQueries": section}))
-    (tmp_path / "driver.py").write_text(DRIVER)
-    agent_pid = None
     with quota_base() as base:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        harness = subprocess.Popen(
-            [sys.executable, str(tmp_path / "driver.py"), str(config), str(source), str(base),
-             str(tmp_path)],
-            stdout=subprocess.PIPE, env=env, cwd=REPO_ROOT,
-        )
         try:
-            assert harness.stdout is not None
-            for line in harness.stdout:
-                event = json.loads(line)
-                if event["event"] == "agent_started":
-                    agent_pid = event["pid"]
-                    break
-            assert agent_pid is not None, "the harness never started the agent"
-            broker = pids_with(b"tests.fakes.broker_main")
-            broker = [p for p in broker if str(base).encode() in Path(f"/proc/{p}/cmdline")
-                      .read_bytes()]
-            assert len(broker) == 1
-            # Wait until trio's worker threads (staging ran in one) have
-            # retired: the parent-death signal follows the forking *thread*,
-            # so a broker forked by a worker would be stopped right here.
-            deadline = time.monotonic() + 30
-            while threads_of(harness.pid) > 1 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert threads_of(harness.pid) == 1
-            assert [p for p in pids_with(str(base).encode()) if p != harness.pid] == broker
-            harness.kill()
-            harness.wait(timeout=10)
-            deadline = time.monotonic() + 10
-            while pids_with(str(base).encode()) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert pids_with(str(base).encode()) == []
-        finally:
-            if harness.poll() is None:
+            with killable_harness(tmp_path, config, source, base) as (harness, _agent):
+                broker = live_pids_with(b"tests.fakes.broker_main")
+                broker = [p for p in broker if str(base).encode() in Path(f"/proc/{p}/cmdline")
+                          .read_bytes()]
+                assert len(broker) == 1
+                # Wait until trio's worker threads (staging ran in one) have
+                # retired: the parent-death signal follows the forking *thread*,
+                # so a broker forked by a worker would be stopped right here.
+                deadline = time.monotonic() + 30
+                while threads_of(harness.pid) > 1 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert threads_of(harness.pid) == 1
+                assert [p for p in live_pids_with(str(base).encode()) if p != harness.pid] == broker
                 harness.kill()
-                harness.wait()
-            if harness.stdout is not None:
-                harness.stdout.close()
-            leftovers = [p for p in pids_with(str(base).encode()) if p != harness.pid]
-            for pid in [*leftovers, *([agent_pid] if agent_pid is not None else [])]:
+                harness.wait(timeout=10)
+                deadline = time.monotonic() + 10
+                while live_pids_with(str(base).encode()) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert live_pids_with(str(base).encode()) == []
+        finally:
+            for pid in live_pids_with(str(base).encode()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     assert not any(str(base).encode() in line for line in cmdlines())

@@ -46,7 +46,12 @@ from bounded_query.harness.sweep import (
     write_owner_record,
 )
 
-from tests.harness.bq_harness_helpers import make_repo, var_tmp_base
+from tests.harness.bq_harness_helpers import (
+    killable_harness,
+    live_pids_with,
+    make_repo,
+    var_tmp_base,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
@@ -315,74 +320,14 @@ def test_a_busy_tmpfs_is_detached_and_the_roots_removed():
 
 # -- end to end: SIGKILL, then the next run ----------------------------------
 
-DRIVER = r"""
-import os, sys
-from pathlib import Path
-import trio
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
-
-config, source, base, work = sys.argv[1:5]
-options = RunOptions(
-    config_source=config,
-    agent=(sys.executable, "-c", "import time; time.sleep(600)"),
-    seed_sources={"octo/alpha": Path(source)},
-    workspace=Path(work),
-    base=Path(base),
-    broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
-    probe_runtime=False,
-)
-trio.run(run, options, EventSink(sys.stdout),
-         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
-"""
-
-
-def processes_mentioning(fragment: bytes) -> list[int]:
-    """Live (non-zombie) processes whose command line contains ``fragment``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if fragment in (entry / "cmdline").read_bytes() and process_start_time(
-                int(entry.name)
-            ) is not None:
-                found.append(int(entry.name))
-    return found
-
-
 def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path) -> None:
-    (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    harness = subprocess.Popen(
-        [sys.executable, str(tmp_path / "driver.py"), str(config), str(source), str(base),
-         str(tmp_path)],
-        stdout=subprocess.PIPE, env=env, cwd=REPO_ROOT,
-    )
-    agent_pid = None
-    try:
-        assert harness.stdout is not None
-        for line in harness.stdout:
-            event = json.loads(line)
-            if event["event"] == "agent_started":
-                agent_pid = event["pid"]
-                break
-        assert agent_pid is not None, "the harness never started the agent"
+    with killable_harness(tmp_path, config, source, base) as (harness, _agent):
         harness.kill()
         harness.wait(timeout=10)
-    finally:
-        if harness.poll() is None:
-            harness.kill()
-            harness.wait()
-        if harness.stdout is not None:
-            harness.stdout.close()
-        if agent_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(agent_pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while processes_mentioning(str(base).encode()) and time.monotonic() < deadline:
+    while live_pids_with(str(base).encode()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in processes_mentioning(str(base).encode()):
+    for pid in live_pids_with(str(base).encode()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
