@@ -271,3 +271,41 @@ def killable_harness(
         if agent_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(agent_pid, signal.SIGKILL)
+
+
+# -- tmpfs mounts in tests -----------------------------------------------
+
+
+def require_root() -> None:
+    """Mounting needs root: skip without it, but fail under CI=true (CI runs as root)."""
+    import pytest
+
+    if os.geteuid() == 0:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail("the tmpfs mount tests must run as root under CI=true")
+    pytest.skip("mounting a tmpfs needs root")
+
+
+def mounts_under(base: Path) -> list[str]:
+    """Mount points at or below ``base`` (from /proc/self/mountinfo)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point == str(base) or point.startswith(f"{base}/"):
+            found.append(point)
+    return found
+
+
+@contextlib.contextmanager
+def mount_safe_base() -> Iterator[Path]:
+    """``var_tmp_base`` that also detaches any mount a failed test left below it."""
+    from bounded_query.harness.quota import unmount
+
+    with var_tmp_base() as base:
+        try:
+            yield base
+        finally:
+            for point in sorted(mounts_under(base), reverse=True):
+                with contextlib.suppress(OSError):
+                    unmount(Path(point))

@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,11 @@ from tests.harness.bq_harness_helpers import (
     killable_harness,
     live_pids_with,
     make_repo,
-    var_tmp_base,
+    mounts_under,
+    require_root,
+)
+from tests.harness.bq_harness_helpers import (
+    mount_safe_base as quota_base,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -52,35 +55,6 @@ FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 MiB = 1024**2
 
 
-def require_root() -> None:
-    """Mounting needs root: skip without it, but fail under CI=true (CI runs as root)."""
-    if os.geteuid() == 0:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail("the workspace quota tests must run as root under CI=true")
-    pytest.skip("mounting a tmpfs needs root")
-
-
-def mounts_under(base: Path) -> list[str]:
-    """Mount points at or below ``base`` (from /proc/self/mountinfo)."""
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4]
-        if point == str(base) or point.startswith(f"{base}/"):
-            found.append(point)
-    return found
-
-
-@contextlib.contextmanager
-def quota_base() -> Iterator[Path]:
-    """``var_tmp_base`` that also detaches any mount a failed test left below it."""
-    with var_tmp_base() as base:
-        try:
-            yield base
-        finally:
-            for point in sorted(mounts_under(base), reverse=True):
-                with contextlib.suppress(OSError):
-                    unmount(Path(point))
 
 
 # -- pure -------------------------------------------------------------------

@@ -23,14 +23,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.outputs import create_ingress_root
 from bounded_query.harness.paths import RunPaths, run_paths
-from bounded_query.harness.quota import WorkQuota, mount_tmpfs, unmount
+from bounded_query.harness.quota import WorkQuota, mount_tmpfs
 from bounded_query.harness.run import RunOptions, run
 from bounded_query.harness.staging import create_private_root
 from bounded_query.harness.sweep import (
@@ -50,7 +49,11 @@ from tests.harness.bq_harness_helpers import (
     killable_harness,
     live_pids_with,
     make_repo,
-    var_tmp_base,
+    mounts_under,
+    require_root,
+)
+from tests.harness.bq_harness_helpers import (
+    mount_safe_base as sweep_base,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,34 +61,6 @@ FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 UID = os.getuid()
 
 
-def require_root() -> None:
-    """Mounting needs root: skip without it, but fail under CI=true (CI runs as root)."""
-    if os.geteuid() == 0:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail("the sweep's mount tests must run as root under CI=true")
-    pytest.skip("mounting a tmpfs needs root")
-
-
-def mounts_under(base: Path) -> list[str]:
-    found = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4]
-        if point == str(base) or point.startswith(f"{base}/"):
-            found.append(point)
-    return found
-
-
-@contextlib.contextmanager
-def sweep_base() -> Iterator[Path]:
-    """A fresh base under /var/tmp; detaches any mount a failed test left."""
-    with var_tmp_base() as base:
-        try:
-            yield base
-        finally:
-            for point in sorted(mounts_under(base), reverse=True):
-                with contextlib.suppress(OSError):
-                    unmount(Path(point))
 
 
 def dead_pid() -> int:
