@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -309,3 +310,34 @@ def mount_safe_base() -> Iterator[Path]:
             for point in sorted(mounts_under(base), reverse=True):
                 with contextlib.suppress(OSError):
                     unmount(Path(point))
+
+
+# -- in-process runs against the fake broker --------------------------------
+
+#: The tests-only broker entry point (tests/fakes/broker_main.py).
+FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
+
+
+async def run_with_fake_broker(
+    config: Path, source: Path, workspace: Path, base: Path, agent: tuple[str, ...]
+) -> tuple[int, list[dict[str, object]]]:
+    """One in-process ``run`` of ``octo/alpha`` (staged from ``source``); (status, events)."""
+    import io
+    import json
+
+    from bounded_query.harness.events import EventSink
+    from bounded_query.harness.run import RunOptions, run
+
+    options = RunOptions(
+        config_source=str(config),
+        agent=agent,
+        seed_sources={"octo/alpha": source},
+        workspace=workspace,
+        base=base,
+        broker_command=FAKE_BROKER,
+        probe_runtime=False,
+    )
+    stream = io.StringIO()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    status = await run(options, EventSink(stream), env)
+    return status, [json.loads(line) for line in stream.getvalue().splitlines()]

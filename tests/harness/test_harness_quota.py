@@ -45,13 +45,12 @@ from tests.harness.bq_harness_helpers import (
     make_repo,
     mounts_under,
     require_root,
+    run_with_fake_broker,
 )
 from tests.harness.bq_harness_helpers import (
     mount_safe_base as quota_base,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 MiB = 1024**2
 
 
@@ -163,22 +162,11 @@ async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
     config.write_text(json.dumps({"boundedQueries": section}))
     (tmp_path / "agent.py").write_text(QUOTA_PROBE_AGENT)
     report = tmp_path / "mounts.json"
-    stream = io.StringIO()
     with quota_base() as base:
-        options = RunOptions(
-            config_source=str(config),
-            agent=(sys.executable, str(tmp_path / "agent.py"), str(base), str(report)),
-            seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
-            base=base,
-            broker_command=FAKE_BROKER,
-            probe_runtime=False,
-        )
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT)}
-        status = await run(options, EventSink(stream), env)
+        agent = (sys.executable, str(tmp_path / "agent.py"), str(base), str(report))
+        status, events = await run_with_fake_broker(config, source, tmp_path, base, agent)
         assert mounts_under(base) == []
         assert list(base.iterdir()) == []
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert status == 0, events
     [seen] = json.loads(report.read_text())
     assert seen.endswith("/work")

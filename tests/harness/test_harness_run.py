@@ -24,10 +24,9 @@ import trio
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.run import RunOptions, run
 
-from tests.harness.bq_harness_helpers import cmdlines, make_repo, var_tmp_base
+from tests.harness.bq_harness_helpers import FAKE_BROKER, cmdlines, make_repo, var_tmp_base
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 
 AGENT = r'''
 import json, os, subprocess, sys

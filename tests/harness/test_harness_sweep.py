@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from bounded_query.harness.events import EventSink
 from bounded_query.harness.outputs import create_ingress_root
 from bounded_query.harness.paths import RunPaths, run_paths
 from bounded_query.harness.quota import WorkQuota, mount_tmpfs
-from bounded_query.harness.run import RunOptions, run
+from bounded_query.harness.run import RunOptions
 from bounded_query.harness.staging import create_private_root
 from bounded_query.harness.sweep import (
     MODE_COMPOSE,
@@ -51,13 +50,12 @@ from tests.harness.bq_harness_helpers import (
     make_repo,
     mounts_under,
     require_root,
+    run_with_fake_broker,
 )
 from tests.harness.bq_harness_helpers import (
     mount_safe_base as sweep_base,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 UID = os.getuid()
 
 
@@ -314,7 +312,6 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     section = {"enabled": True, "memoryLimit": "64m",
                "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
     config.write_text(json.dumps({"boundedQueries": section}))
-    stream = io.StringIO()
     with sweep_base() as base:
         kill_harness_mid_run(tmp_path, base, config, source)
         left = sorted(p.name for p in base.iterdir())
@@ -325,20 +322,9 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
         assert (private / OWNER_RECORD).is_file()
         if os.geteuid() == 0:
             assert mounts_under(base) == [str(private / "work")]
-        options = RunOptions(
-            config_source=str(config),
-            agent=("true",),
-            seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
-            base=base,
-            broker_command=FAKE_BROKER,
-            probe_runtime=False,
-        )
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT)}
-        status = await run(options, EventSink(stream), env)
+        status, events = await run_with_fake_broker(config, source, tmp_path, base, ("true",))
         assert mounts_under(base) == []
         assert list(base.iterdir()) == []
-    events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert status == 0, events
     removed = [e for e in events if e["event"] == "stale_root_removed"]
     assert removed == [
