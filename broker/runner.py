@@ -25,7 +25,7 @@ Contract of :meth:`Runner.run`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -172,4 +172,13 @@ class Runner(Protocol):
 
     async def reconcile(self) -> int:
         """Force-remove every container labelled with this run; return the count."""
+        ...
+
+    async def warm(self, seed_dirs: Iterable[Path]) -> Mapping[str, bool]:
+        """Prepare these seeds now (at broker start-up) so no query pays for it.
+
+        Returns, for each seed it had something to prepare for, whether that
+        worked (empty when there is nothing to prepare). Never raises for a
+        seed it cannot prepare (its queries then use a slower path).
+        """
         ...

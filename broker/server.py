@@ -7,7 +7,7 @@ Theory of operation:
   every invocation found in flight with an ``interrupted`` outcome (never
   re-run, never refunded), prove the runner works, remove straggler
   containers (``runner.reconcile``) and stale ``work/*`` directories, bind
-  let the runner prepare the non-sealed seeds (optional ``warm``), bind the
+  let the runner prepare the non-sealed seeds (``warm``), bind the
   socket (directory 0770, socket 0660, optional owner), and only then write
   the readiness file ``control/ready``.
 * **Serving**: an accept loop hands each connection to its own task, up to
@@ -244,23 +244,19 @@ class BrokerServer:
                 audit.close()
 
     async def _warm(self) -> None:
-        """Let a runner that supports it prepare seeds before we listen.
+        """Let the runner prepare seeds before we listen.
 
-        ``warm`` is optional (the sandbox's DockerRunner has it): preparing a
-        seed's copy-on-write view takes seconds for a large seed and would
-        otherwise land that seed's first query in a later timing bucket.
-        Sealed seeds are never touched (spec 14.1: a sealed repository never
-        has its seed copied).
+        Preparing a seed's copy-on-write view takes seconds for a large seed
+        and would otherwise land that seed's first query in a later timing
+        bucket. Sealed seeds are never touched (spec 14.1: a sealed
+        repository never has its seed copied).
         """
-        warm = getattr(self.runner, "warm", None)
-        if warm is None:
-            return
         seeds = [
             self.config.seeds_root / entry.seed_id
             for entry in self.seed_map.entries.values()
             if entry.sensitivity != "sealed"
         ]
-        await warm(seeds)
+        await self.runner.warm(seeds)
 
     async def _shutdown(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         assert self.service is not None

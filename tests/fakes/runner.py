@@ -22,7 +22,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 from bounded_query.broker.runner import Invocation, RunReport
@@ -42,6 +44,10 @@ class ScriptedRunner:
     async def reconcile(self) -> int:
         self.reconciled += 1
         return 0
+
+    async def warm(self, seed_dirs: Iterable[Path]) -> dict[str, bool]:
+        del seed_dirs  # nothing to prepare
+        return {}
 
     async def run(self, invocation: Invocation) -> RunReport:
         self.calls.append(invocation)
@@ -93,6 +99,10 @@ class ProcessRunner:
     async def reconcile(self) -> int:
         self.reconciled += 1
         return 0
+
+    async def warm(self, seed_dirs: Iterable[Path]) -> dict[str, bool]:
+        del seed_dirs  # nothing to prepare
+        return {}
 
     async def run(self, invocation: Invocation) -> RunReport:
         script = invocation.workspace / ".query-script.py"
