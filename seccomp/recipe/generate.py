@@ -6,8 +6,8 @@ TRACED (default: traced.txt next to this file) holds the syscall names
 trace.sh observed; OUT defaults to seccomp/query.json. The profile allows
 the traced names plus ``EXTRA`` (calls the workload did not happen to make but
 ordinary Python and git code paths, the runtime's last steps before execve
-and glibc fallbacks need), never anything in ``NEVER``, and adds argument
-filters for ``clone``, ``socket`` and ``socketpair``. The output is
+and glibc fallbacks need), never anything in ``NEVER`` or ``CHANNEL_DENY``, and
+adds argument filters for ``clone``, ``socket`` and ``socketpair``. The output is
 deterministic (sorted, fixed layout), so re-running the recipe on an
 unchanged trace leaves the file byte-identical.
 """
@@ -58,6 +58,17 @@ NEVER = {
     "clock_settime", "clock_adjtime", "adjtimex", "personality", "vhangup", "iopl",
     "ioperm", "lookup_dcookie", "nfsservctl", "uselib", "ustat", "sysfs", "kcmp",
 }
+#: Never allowed either, although python3 or git may call them: each reads or
+#: modulates kernel state shared across invocations (issue 9, README "Residual
+#: channels"), and every caller treats EPERM as "no information".
+#: fadvise64 (POSIX_FADV_DONTNEED evicts the shared image's pages from the
+#: page cache; coreutils and git only give hints) and mincore (reads page-cache
+#: residency) carry bits from one query to the next; sysinfo reports host-wide
+#: free memory, load and process count (glibc's qsort and git's total_ram()
+#: fall back on failure). statfs/fstatfs stay: runc itself calls fstatfs after
+#: loading the profile (to check /proc/self/fd), and every file system a query
+#: can write is its own (README "Residual channels").
+CHANNEL_DENY = {"fadvise64", "mincore", "sysinfo"}
 #: Namespace-creating clone flags (NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET).
 CLONE_NS_MASK = 0x7E020000
 AF_UNIX = 1
@@ -67,7 +78,7 @@ EPERM = 1
 
 def build(traced: set[str]) -> dict[str, object]:
     """Return the profile for the traced names (see module docstring)."""
-    allowed = sorted((traced | EXTRA) - NEVER)
+    allowed = sorted((traced | EXTRA) - NEVER - CHANNEL_DENY)
     return {
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": EPERM,

@@ -40,5 +40,17 @@ def test_every_traced_call_is_allowed_unless_never():
     profile = json.loads((ROOT / "seccomp" / "query.json").read_text())
     allowed = set(profile["syscalls"][0]["names"])
     filtered = {n for rule in profile["syscalls"][1:] for n in rule["names"]}
-    assert traced - gen.NEVER <= allowed
+    assert traced - gen.NEVER - gen.CHANNEL_DENY <= allowed
     assert traced & gen.NEVER <= filtered  # clone, clone3, socketpair: argument filters
+
+
+def test_channel_calls_are_denied_even_when_traced():
+    """fadvise64 and sysinfo were traced (coreutils, glibc); they stay denied (issue 9)."""
+    gen = load_generator()
+    profile = json.loads((ROOT / "seccomp" / "query.json").read_text())
+    named = {n for rule in profile["syscalls"] for n in rule["names"]}
+    assert {"fadvise64", "mincore", "sysinfo"} <= gen.CHANNEL_DENY
+    assert not named & gen.CHANNEL_DENY
+    built = set(gen.build({"fadvise64", "sysinfo", "read"})["syscalls"][0]["names"])
+    assert "read" in built
+    assert not built & gen.CHANNEL_DENY
