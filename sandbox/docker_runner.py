@@ -177,6 +177,9 @@ class DockerRunner:
         #: seed host path -> view-layer directory, or None to use the tmpfs copy
         self._views: dict[str, str | None] = {}
         self._view_lock = trio.Lock()
+        #: CPUs of the engine host (the broker in compose sees them too): the
+        #: query cpuset is derived from it (sandbox/cpus.py)
+        self.host_cpus = os.cpu_count() or 1
 
     def _default_client(self) -> Any:
         import docker  # imported lazily: the pure modules never need it
@@ -228,7 +231,7 @@ class DockerRunner:
                 f"run .ci/build-images: {exc}"
             ) from exc
         probe_id = "probe" + secrets.token_hex(8)
-        spec = probe_spec(self.settings, probe_id, self._seccomp)
+        spec = probe_spec(self.settings, probe_id, self._seccomp, host_cpus=self.host_cpus)
         container_id: str | None = None
         try:
             created = await self._call(self.api.create_container_from_config, spec.body, spec.name)
@@ -285,6 +288,7 @@ class DockerRunner:
             entrypoint_args=self.options.entrypoint_args,
             keep_logs=self.options.collect_timings,
             repo_volume=None if volume is None else volume.name,
+            host_cpus=self.host_cpus,
         )
         failure: str | None = None
         container_id: str | None = None

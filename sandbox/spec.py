@@ -21,6 +21,16 @@ Layout seen by the query (uid/gid 65534, read-only root):
   workspace, bind-mounted read-write (a mount point cannot be renamed over or
   unlinked, so symlink, FIFO or directory swaps fail with EBUSY);
 * ``/tmp`` - a small size-limited tmpfs.
+
+Kernel-global state (issue 9; README "Residual channels"): every ``/proc``
+file that reports host-wide counters a query could modulate or read across
+invocations (load, memory, CPU and disk statistics, the kernel's dentry,
+inode and file counts under ``/proc/sys/fs``, pressure, interrupts, locks,
+the boot id) and the whole of ``/sys`` (disk I/O counters, cgroup counters,
+CPU frequencies) are masked (``MaskedPaths``: an empty read-only tmpfs over a
+directory, ``/dev/null`` over a file). Python and git read none of them
+(glibc's CPU count falls back to ``sched_getaffinity``). Query containers run
+on the CPUs of :func:`.cpus.query_cpus` (``CpusetCpus``).
 """
 
 from __future__ import annotations
@@ -37,14 +47,18 @@ from bounded_query.broker.runner import (
     RunnerSettings,
 )
 
+from .cpus import query_cpus
+
 __all__ = [
     "CONTAINER_ENTRYPOINT",
     "CONTAINER_ENV",
     "CPU_NANOS",
+    "MASKED_PATHS",
     "NOFILE_LIMIT",
     "PIDS_LIMIT",
     "QUERY_GID",
     "QUERY_UID",
+    "READONLY_PATHS",
     "RUNTIMES",
     "SCRIPT_FILE_NAME",
     "TMP_TMPFS_BYTES",
@@ -92,6 +106,28 @@ QUERY_TARGET = "/query"
 REPO_TARGET = "/query/repo"
 RESULT_TARGET = f"/query/{RESULT_FILE_NAME}"
 TMP_TARGET = "/tmp"
+#: Docker's default masked paths (restated: ``MaskedPaths`` replaces them).
+_DOCKER_MASKED = (
+    "/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+    "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+    "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+)  # fmt: skip
+#: Host-wide state a query need not read and could use as a channel from one
+#: invocation to the next (see the module docstring). ``/sys`` covers
+#: ``/sys/fs/cgroup`` (mounted below it) and ``/sys/block/*/stat``.
+_CHANNEL_MASKED = (
+    "/proc/loadavg", "/proc/stat", "/proc/meminfo", "/proc/vmstat", "/proc/diskstats",
+    "/proc/partitions", "/proc/pressure", "/proc/uptime", "/proc/softirqs",
+    "/proc/schedstat", "/proc/zoneinfo", "/proc/buddyinfo", "/proc/pagetypeinfo",
+    "/proc/slabinfo", "/proc/swaps", "/proc/vmallocinfo", "/proc/locks", "/proc/cgroups",
+    "/proc/key-users", "/proc/cpuinfo", "/proc/sys", "/proc/sysvipc", "/proc/kpagecount",
+    "/proc/kpageflags", "/proc/kpagecgroup", "/proc/iomem", "/proc/ioports", "/proc/mtrr",
+    "/proc/fs", "/proc/irq", "/proc/bus", "/proc/driver", "/proc/dynamic_debug",
+    "/proc/sysrq-trigger", "/sys",
+)  # fmt: skip
+MASKED_PATHS = _DOCKER_MASKED + _CHANNEL_MASKED
+#: Docker's default read-only paths (restated: ``ReadonlyPaths`` replaces them).
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 #: Log settings when the benchmark asks to keep the entrypoint's timing line.
 BENCH_LOG_CONFIG: Mapping[str, Any] = {
     "Type": "local",
@@ -150,9 +186,11 @@ def _bind(source: str, target: str, *, read_only: bool) -> dict[str, Any]:
     }
 
 
-def _host_config(settings: RunnerSettings, seccomp_json: str, mounts: list[Any]) -> dict[str, Any]:
+def _host_config(
+    settings: RunnerSettings, seccomp_json: str, mounts: list[Any], host_cpus: int | None
+) -> dict[str, Any]:
     memory = settings.memory_bytes
-    return {
+    config: dict[str, Any] = {
         "Runtime": RUNTIMES[settings.runtime],
         "NetworkMode": "none",
         "ReadonlyRootfs": True,
@@ -182,7 +220,12 @@ def _host_config(settings: RunnerSettings, seccomp_json: str, mounts: list[Any])
         "LogConfig": {"Type": "none", "Config": {}},
         "OomScoreAdj": 500,
         "RestartPolicy": {"Name": "no"},
+        "MaskedPaths": list(MASKED_PATHS),
+        "ReadonlyPaths": list(READONLY_PATHS),
     }
+    if host_cpus is not None:
+        config["CpusetCpus"] = query_cpus(host_cpus)
+    return config
 
 
 def container_spec(
@@ -193,6 +236,7 @@ def container_spec(
     entrypoint_args: tuple[str, ...] = (),
     keep_logs: bool = False,
     repo_volume: str | None = None,
+    host_cpus: int | None = None,
 ) -> ContainerSpec:
     """Derive the create body of one query container (spec 14.7).
 
@@ -201,7 +245,9 @@ def container_spec(
     passes them: query output is otherwise discarded (LogConfig "none").
     With ``repo_volume`` (the invocation's copy-on-write overlay, see
     :mod:`.overlay`) that volume is mounted at ``/query/repo`` instead of
-    binding the seed for the entrypoint to copy.
+    binding the seed for the entrypoint to copy. ``host_cpus`` (the engine
+    host's CPU count; the runner always passes it) pins the container to
+    :func:`.cpus.query_cpus`.
 
     Raises:
         KeyError: a runtime that is never launched ("sbx").
@@ -252,14 +298,16 @@ def container_spec(
         "Tty": False,
         "StopSignal": "SIGKILL",
         "Labels": {LABEL_RUN: settings.run_id, LABEL_INVOCATION: invocation.invocation_id},
-        "HostConfig": _host_config(settings, seccomp_json, mounts),
+        "HostConfig": _host_config(settings, seccomp_json, mounts, host_cpus),
     }
     if keep_logs:
         body["HostConfig"]["LogConfig"] = BENCH_LOG_CONFIG
     return ContainerSpec(container_name(settings.run_id, invocation.invocation_id), body)
 
 
-def probe_spec(settings: RunnerSettings, probe_id: str, seccomp_json: str) -> ContainerSpec:
+def probe_spec(
+    settings: RunnerSettings, probe_id: str, seccomp_json: str, *, host_cpus: int | None = None
+) -> ContainerSpec:
     """A probe container: same hardening, no mounts, runs ``python3 -c pass``.
 
     Used by preflight to prove the runtime (gVisor) really starts containers.
@@ -276,6 +324,6 @@ def probe_spec(settings: RunnerSettings, probe_id: str, seccomp_json: str) -> Co
         "Tty": False,
         "StopSignal": "SIGKILL",
         "Labels": {LABEL_RUN: settings.run_id, LABEL_INVOCATION: probe_id},
-        "HostConfig": _host_config(settings, seccomp_json, []),
+        "HostConfig": _host_config(settings, seccomp_json, [], host_cpus),
     }
     return ContainerSpec(container_name(settings.run_id, probe_id), body)

@@ -255,3 +255,29 @@ def test_repo_volume_replaces_the_seed_bind():
     targets = [m["Target"] for m in mounts]
     assert targets == ["/query/repo", "/awf/query-script.py", "/query/out"]
     assert "/priv/seeds/5eed" not in json.dumps(b)  # the seed is reached only through the view
+
+
+def test_host_wide_state_is_masked():
+    """Issue 9: host-wide counters a query could modulate or read are masked."""
+    hc = body()["HostConfig"]
+    masked = set(hc["MaskedPaths"])
+    for path in (
+        "/proc/loadavg", "/proc/stat", "/proc/meminfo", "/proc/vmstat", "/proc/sys",
+        "/proc/diskstats", "/proc/pressure", "/proc/uptime", "/sys", "/proc/kcore",
+        "/proc/keys", "/proc/timer_list", "/proc/sched_debug",
+    ):  # fmt: skip
+        assert path in masked, path
+    assert len(masked) == len(hc["MaskedPaths"])
+    assert all(p.startswith(("/proc/", "/sys")) for p in masked)
+    assert "/proc/sysrq-trigger" in hc["ReadonlyPaths"]
+    probe = probe_spec(settings(), "probe01", SECCOMP).body["HostConfig"]
+    assert probe["MaskedPaths"] == hc["MaskedPaths"]
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(2, "1"), (4, "2-3"), (1, "0")])
+def test_query_cpuset_comes_from_the_partition(cpus, expected):
+    spec = container_spec(settings(), invocation(), SECCOMP, host_cpus=cpus)
+    assert spec.body["HostConfig"]["CpusetCpus"] == expected
+    probe = probe_spec(settings(), "probe01", SECCOMP, host_cpus=cpus).body
+    assert probe["HostConfig"]["CpusetCpus"] == expected
+    assert "CpusetCpus" not in body()["HostConfig"]
