@@ -1,11 +1,16 @@
 """JSONL events on stderr and the GitHub step summary (seed 000 sections 5.4, 8.5).
 
 Theory of operation: every harness phase reports through one
-:class:`EventSink`, which writes one JSON object per line to stderr with the
-event name and an ISO-8601 UTC timestamp. Events carry only safe metadata:
-repository slugs, sensitivities, commits, counts, durations, exit codes and
-operator-facing messages. They never carry tokens, scripts, query outputs or
-private-root paths.
+:class:`EventSink`, which writes one JSON object per line to stderr. Every
+record starts with ``_schema`` (:data:`EVENT_SCHEMA`, the AWF convention
+``<type>/v<version>``: consumers prefix-match ``bounded-query-event/``), then
+``timestamp`` (ISO-8601 UTC, milliseconds) and ``event`` (the name); the
+event's own fields follow and can never replace those three. The record type
+is described by the JSON Schema shipped as
+``harness/schemas/bounded-query-event.v1.schema.json`` (:func:`schema_path`).
+Events carry only safe metadata: repository slugs, sensitivities, commits,
+counts, durations, exit codes and operator-facing messages. They never carry
+tokens, scripts, query outputs or private-root paths.
 
 Observability is passive (seed 000 section 11.4 item 2): a failing sink
 (closed stderr, unwritable summary file) never changes an outcome; it is
@@ -23,7 +28,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["EventSink", "append_step_summary"]
+__all__ = ["EVENT_SCHEMA", "EventSink", "append_step_summary", "schema_path"]
+
+#: Record type and version of every JSONL event (bump on incompatible change).
+EVENT_SCHEMA = "bounded-query-event/v1"
+#: Keys the sink owns; an event field of the same name is dropped.
+_RESERVED = frozenset({"_schema", "timestamp", "event"})
+
+
+def schema_path(record_type: str = EVENT_SCHEMA) -> Path:
+    """The shipped JSON Schema file of ``record_type`` (``name/vN``)."""
+    name, _, version = record_type.partition("/")
+    return Path(__file__).parent / "schemas" / f"{name}.{version}.schema.json"
 
 
 def _iso(ts: float) -> str:
@@ -43,7 +59,12 @@ class EventSink:
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line; never raises on a broken stream."""
-        record: dict[str, Any] = {"event": event, "ts": _iso(self._clock()), **fields}
+        record: dict[str, Any] = {
+            "_schema": EVENT_SCHEMA,
+            "timestamp": _iso(self._clock()),
+            "event": event,
+        }
+        record.update((k, v) for k, v in fields.items() if k not in _RESERVED)
         self.events.append(record)
         try:
             self._stream.write(json.dumps(record, sort_keys=False, default=str) + "\n")

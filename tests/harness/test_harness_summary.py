@@ -90,8 +90,9 @@ def test_events_are_jsonl_with_timestamps():
     sink = EventSink(stream, clock=lambda: 0.0)
     sink.emit("x", a=1, path=Path("/p"))
     assert json.loads(stream.getvalue()) == {
+        "_schema": "bounded-query-event/v1",
+        "timestamp": "1970-01-01T00:00:00.000Z",
         "event": "x",
-        "ts": "1970-01-01T00:00:00.000Z",
         "a": 1,
         "path": "/p",
     }

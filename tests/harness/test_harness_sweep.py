@@ -59,6 +59,9 @@ from tests.harness.bq_harness_helpers import (
 UID = os.getuid()
 
 
+def _stamp(record: dict[str, object]) -> dict[str, object]:
+    """The fixed leading keys of an event (their values are not under test here)."""
+    return {"_schema": "bounded-query-event/v1", "timestamp": record["timestamp"]}
 
 
 def dead_pid() -> int:
@@ -183,9 +186,9 @@ def test_roots_of_a_dead_owner_are_removed_read_only_seed_and_all():
         assert list(base.iterdir()) == []
     suffix = paths.private_root.name.rsplit("-", 2)[-2:]
     assert events == [
-        {"event": "stale_root_removed", "ts": events[0]["ts"], "root": "-".join(suffix),
+        {**_stamp(events[0]), "event": "stale_root_removed", "root": "-".join(suffix),
          "reason": "owner exited"},
-        {"event": "stale_roots_swept", "ts": events[1]["ts"], "removed": 1, "live": 0,
+        {**_stamp(events[1]), "event": "stale_roots_swept", "removed": 1, "live": 0,
          "compose": 0, "skipped": 0, "failed": 0},
     ]
 
@@ -328,7 +331,7 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     assert status == 0, events
     removed = [e for e in events if e["event"] == "stale_root_removed"]
     assert removed == [
-        {"event": "stale_root_removed", "ts": removed[0]["ts"],
+        {**_stamp(removed[0]), "event": "stale_root_removed",
          "root": private.name.removeprefix("awf-bounded-query-private-"),
          "reason": "owner exited"}
     ]
