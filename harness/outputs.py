@@ -5,7 +5,8 @@
   broker's only source of sensitivity -- and the broker config.
 * Agent side, below the ingress root: ``run/`` (the socket directory),
   ``skill/SKILL.md`` and the read-only wrapper directory ``skill/bin`` with
-  ``bounded-query`` and ``bounded-query-cost`` (verbatim copies, 0555) and
+  ``bounded-query``, ``bounded-query-cost`` and the MCP server
+  ``bounded-query-mcp`` (verbatim copies, 0555) and
   ``bq_protocol/`` (a verbatim copy of the broker's protocol package, so the
   cost tool computes charges with the very code the broker runs).
 """
@@ -39,7 +40,11 @@ __all__ = [
 
 DEFAULT_IMAGE = "bounded-query-python:latest"
 #: Wrapper sources (as installed) and the names the agent sees on PATH.
-WRAPPER_FILES = {"bounded_query.py": "bounded-query", "bounded_query_cost.py": "bounded-query-cost"}
+WRAPPER_FILES = {
+    "bounded_query.py": "bounded-query",
+    "bounded_query_cost.py": "bounded-query-cost",
+    "bounded_query_mcp.py": "bounded-query-mcp",
+}
 PROTOCOL_PACKAGE = "bq_protocol"
 
 

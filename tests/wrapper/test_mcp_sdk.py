@@ -1,0 +1,94 @@
+"""The official Python SDK client (``mcp`` on PyPI) against ``bounded-query-mcp``.
+
+Both protocol eras: ``mode="legacy"`` (the ``initialize`` handshake; the SDK
+offers 2025-11-25), ``mode="auto"`` (the SDK probes ``server/discover`` first
+and must settle on the stateless 2026-07-28 revision) and the pinned
+``mode="2026-07-28"``. In each: list the tools, call both, read the skill
+resource. The server is the harness's verbatim copy in a wrapper directory;
+the broker is a recorded fake socket whose request bytes are checked against
+the CLI wrapper's framing of the same question.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bounded_query.broker import protocol
+from bounded_query.wrapper import bounded_query as cli
+from mcp import Client, StdioServerParameters
+
+from tests.wrapper.fakes import Reply, http_reply, recorded_server
+from tests.wrapper.mcp_fixtures import (
+    BOOLEAN,
+    MODERN,
+    SKILL_TEXT,
+    server_env,
+    skill_file,
+    wrapper_dir,
+)
+
+MODES = {"legacy": "2025-11-25", "auto": MODERN, MODERN: MODERN}
+OK = b'{"status":"ok","result":{"tag":"major","value":[2,"\xc3\xa9\\n"]}}'
+SCRIPT = 'import json\njson.dump(True, open("/query/out", "w"))\n'
+
+
+def params(tmp_path, socket_path):
+    bin_dir = wrapper_dir(tmp_path)
+    return StdioServerParameters(
+        command=str(bin_dir / "bounded-query-mcp"),
+        env=server_env(socket_path, skill_file(tmp_path)),
+    )
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_sdk_lists_calls_and_reads(tmp_path, mode):
+    with recorded_server(Reply([http_reply(OK)])) as broker:
+        async with Client(params(tmp_path, broker.path), mode=mode) as client:
+            assert client.protocol_version == MODES[mode]
+            listed = await client.list_tools()
+            names = [tool.name for tool in listed.tools]
+            assert names == ["bounded_query", "bounded_query_cost"]
+            for tool in listed.tools:
+                assert tool.input_schema["additionalProperties"] is False
+                assert tool.output_schema is not None
+
+            answer = await client.call_tool(
+                "bounded_query", {"repo": "octo/alpha", "schema": BOOLEAN, "script": SCRIPT}
+            )
+            assert not answer.is_error
+            assert answer.structured_content == json.loads(OK)
+            assert [c.text for c in answer.content] == [OK.decode()]
+
+            cost = await client.call_tool("bounded_query_cost", {"schema": BOOLEAN})
+            assert not cost.is_error
+            charge = protocol.charge(protocol.parse_schema({"type": "boolean"}))
+            assert cost.structured_content["chargeBits"] == charge == 5
+            assert cost.structured_content["valid"] is True
+
+            resources = await client.list_resources()
+            assert [str(r.uri) for r in resources.resources] == ["bounded-query://SKILL.md"]
+            read = await client.read_resource("bounded-query://SKILL.md")
+            assert [c.text for c in read.contents] == [SKILL_TEXT]
+        # Exactly one broker request, byte-identical to the CLI's for the same question.
+        assert broker.requests == [
+            cli.build_request("octo/alpha", BOOLEAN.encode(), SCRIPT.encode())
+        ]
+
+
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+async def test_sdk_sees_the_canonical_error_and_invalid_cost(tmp_path, mode):
+    hostile = http_reply(b'{"status":"ok","result":1.0}')  # not canonical: error
+    with recorded_server(Reply([hostile])) as broker:
+        async with Client(params(tmp_path, broker.path), mode=mode) as client:
+            answer = await client.call_tool(
+                "bounded_query", {"repo": "octo/alpha", "schema": BOOLEAN, "script": SCRIPT}
+            )
+            assert not answer.is_error
+            assert answer.structured_content == {"status": "error"}
+            assert [c.text for c in answer.content] == ['{"status":"error"}']
+            cost = await client.call_tool("bounded_query_cost", {"schema": '{"type":"nope"}'})
+            assert not cost.is_error
+            assert cost.structured_content["valid"] is False
+            assert "error" in cost.structured_content
+        assert len(broker.requests) == 1
