@@ -20,19 +20,90 @@ Categories are short fixed strings, for example ``ok``, ``invalid-request``,
 ``repo-not-allowed``, ``bit-budget-exhausted``, ``max-invocations``,
 ``query-launch-failed``, ``query-timeout``, ``invalid-output``,
 ``cleanup-failed``, ``timing-bucket-overflow``, ``broker-internal``.
+
+Bounded growth (issue 9 part 4). A hostile client can send refusals without
+limit once ``maxInvocations`` is reached, so the log must cost O(1) disk
+however long the flood lasts, and it must never be what breaks the journal:
+
+* **Counted answers are written one line each.** An answer that was
+  journaled (counted against maxInvocations) gets its own line; there are at
+  most ``maxInvocations`` of them in a run.
+* **Uncounted answers are tallied** (:class:`RefusalTally`): a refusal past
+  the cap, after a journal failure or after an overflow halt adds one to a
+  per-category counter; the counters leave as one ``refusal-summary`` record
+  per :data:`SUMMARY_INTERVAL_S` in which anything was tallied (written when
+  the next refusal arrives after the interval) and one at shutdown. Its
+  ``counts`` maps category to number; ``since`` is the wall time of the
+  window's first refusal. A SIGKILL loses at most one window's counts (the
+  journal, not the audit, is the record that matters).
+* **The file has a hard size cap** (:data:`MAX_AUDIT_BYTES`, counting what
+  an earlier broker process of the run wrote). The line that would cross it
+  is replaced by one ``audit-truncated`` marker record (its space is
+  reserved), and nothing more is written by this process.
+* **The audit yields to the journal.** A line is written only while the
+  filesystem keeps :data:`FREE_FLOOR_BYTES` free (``fstatvfs`` before each
+  write), far more than a full run's journal needs (at most 10,000
+  invocations of a few hundred bytes), so audit growth can never be why a
+  journal append fails. Lines skipped for space are counted and reported in
+  the next line that fits as ``skipped``.
+* Every write failure is swallowed by the caller (``Service.audit``): it
+  never crashes the broker or changes an answer.
+
+The decisions are pure (:func:`admit`, :class:`RefusalTally`,
+:func:`format_summary`); :class:`AuditLog` only does the I/O.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
-__all__ = ["MAX_DETAIL_CHARS", "AuditLog", "AuditRecord", "format_record", "sanitize_detail"]
+__all__ = [
+    "FREE_FLOOR_BYTES",
+    "MARKER_RESERVE_BYTES",
+    "MAX_AUDIT_BYTES",
+    "MAX_DETAIL_CHARS",
+    "SUMMARY_CATEGORY",
+    "SUMMARY_INTERVAL_S",
+    "TRUNCATED_CATEGORY",
+    "Admission",
+    "AuditLog",
+    "AuditRecord",
+    "RefusalSummary",
+    "RefusalTally",
+    "admit",
+    "format_record",
+    "format_summary",
+    "sanitize_detail",
+    "truncation_marker",
+]
 
 #: Bound of an audit ``detail`` (a protocol error message is well below it).
 MAX_DETAIL_CHARS = 200
+#: Hard cap of the audit file. A counted line is at most ~450 bytes and a run
+#: has at most 10,000 counted answers (maxInvocations, spec 14.2), so 8 MiB
+#: holds a whole run's lines with room for restarts and summaries.
+MAX_AUDIT_BYTES = 8 * 1024 * 1024
+#: Space kept for the truncation marker (its line is about 90 bytes).
+MARKER_RESERVE_BYTES = 256
+#: Free space the audit leaves to the journal on the shared filesystem: a whole
+#: run's journal is at most 10,000 invocations of a few hundred bytes (~4 MiB).
+FREE_FLOOR_BYTES = 32 * 1024 * 1024
+#: One refusal summary per interval (at most) while a flood lasts.
+SUMMARY_INTERVAL_S = 60.0
+#: Category of the aggregated record of uncounted answers.
+SUMMARY_CATEGORY = "refusal-summary"
+#: Category of the record that ends a log at its size cap.
+TRUNCATED_CATEGORY = "audit-truncated"
+#: Bound of the categories one summary holds (they are fixed strings; this
+#: only guards against a bug turning the tally into an unbounded map).
+MAX_SUMMARY_CATEGORIES = 64
 
 
 def sanitize_detail(text: str) -> str:
@@ -57,6 +128,17 @@ class AuditRecord:
     detail: str | None = None
 
 
+def _wall() -> float:
+    return round(time.time(), 3)
+
+
+def _with_skipped(line: bytes, skipped: int) -> bytes:
+    """``line`` (one JSON object) with a ``skipped`` count added (pure)."""
+    obj = json.loads(line)
+    obj["skipped"] = skipped
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+
 def format_record(record: AuditRecord) -> bytes:
     """Serialize one record as a JSON line (pure)."""
     obj: dict[str, object] = {
@@ -72,17 +154,200 @@ def format_record(record: AuditRecord) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
 
 
-class AuditLog:
-    """Append-only JSONL file, mode 0600 (blocking; call from a thread)."""
+@dataclass(frozen=True, slots=True)
+class RefusalSummary:
+    """Uncounted answers of one window: ``counts`` as sorted (category, n) pairs."""
 
-    def __init__(self, path: Path) -> None:
+    counts: tuple[tuple[str, int], ...]
+    since: float
+    wall_time: float
+
+    def __post_init__(self) -> None:
+        if not self.counts or any(n <= 0 for _, n in self.counts):
+            raise ValueError("a refusal summary holds at least one positive count")
+
+    @property
+    def total(self) -> int:
+        """How many answers the summary stands for."""
+        return sum(n for _, n in self.counts)
+
+
+def format_summary(summary: RefusalSummary) -> bytes:
+    """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
+    obj: dict[str, object] = {
+        "invocationId": "-",
+        "sensitivity": None,
+        "charge": None,
+        "bucketMs": None,
+        "category": SUMMARY_CATEGORY,
+        "time": summary.wall_time,
+        "since": summary.since,
+        "counts": dict(summary.counts),
+        "total": summary.total,
+    }
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+
+def truncation_marker(wall_time: float, skipped: int) -> bytes:
+    """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
+    obj: dict[str, object] = {
+        "invocationId": "-",
+        "sensitivity": None,
+        "charge": None,
+        "bucketMs": None,
+        "category": TRUNCATED_CATEGORY,
+        "time": wall_time,
+        "skipped": skipped,
+    }
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+
+@dataclass
+class RefusalTally:
+    """Per-category counts of uncounted answers, flushed once per interval (pure).
+
+    ``now`` is a monotonic time (trio's clock), ``wall`` the wall time for
+    the record. :meth:`add` returns a summary of the *previous* window when
+    that window is at least ``interval_s`` old (so a flood yields at most one
+    record per interval); :meth:`flush` returns whatever is pending (shutdown).
+    """
+
+    interval_s: float = SUMMARY_INTERVAL_S
+    _counts: dict[str, int] = field(default_factory=dict)
+    _opened: float = 0.0
+    _since: float = 0.0
+
+    def add(self, category: str, now: float, wall: float) -> RefusalSummary | None:
+        """Count one answer; a due summary of the earlier window, or None."""
+        due = None
+        if self._counts and now - self._opened >= self.interval_s:
+            due = self.flush(wall)
+        if not self._counts:
+            self._opened, self._since = now, wall
+        if category not in self._counts and len(self._counts) >= MAX_SUMMARY_CATEGORIES:
+            category = "other"
+        self._counts[category] = self._counts.get(category, 0) + 1
+        return due
+
+    def flush(self, wall: float) -> RefusalSummary | None:
+        """The pending counts as one summary (None if nothing is pending); resets."""
+        if not self._counts:
+            return None
+        summary = RefusalSummary(tuple(sorted(self._counts.items())), self._since, wall)
+        self._counts = {}
+        return summary
+
+    @property
+    def pending(self) -> Mapping[str, int]:
+        """Counts not yet flushed (read-only view)."""
+        return dict(self._counts)
+
+
+class Admission(Enum):
+    """What the size policy lets the log do with one line."""
+
+    WRITE = "write"
+    MARKER = "marker"
+    DROP = "drop"
+
+
+def admit(
+    written: int,
+    length: int,
+    *,
+    truncated: bool,
+    free_bytes: int | None,
+    cap: int = MAX_AUDIT_BYTES,
+    reserve: int = MARKER_RESERVE_BYTES,
+    floor: int = FREE_FLOOR_BYTES,
+) -> Admission:
+    """Whether a ``length``-byte line may follow ``written`` bytes (pure).
+
+    WRITE while the line fits below ``cap - reserve`` and the filesystem keeps
+    ``floor`` free after it (``free_bytes`` None: unknown, not a reason to
+    drop); MARKER for the first line that would cross the cap (the caller
+    writes the truncation marker in its place); DROP afterwards, and while
+    space is short.
+    """
+    if truncated:
+        return Admission.DROP
+    if free_bytes is not None and free_bytes - length < floor:
+        return Admission.DROP
+    if written + length <= cap - reserve:
+        return Admission.WRITE
+    return Admission.MARKER
+
+
+class AuditLog:
+    """Append-only JSONL file, mode 0600, capped (blocking; call from a thread).
+
+    Thread-safe: one lock orders the size accounting and the write.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        cap: int = MAX_AUDIT_BYTES,
+        floor: int = FREE_FLOOR_BYTES,
+    ) -> None:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         self._fd = os.open(path, flags, 0o600)
+        self._cap = cap
+        self._floor = floor
+        self._lock = threading.Lock()
+        #: Bytes in the file, an earlier process's included (the cap is per file).
+        self.written = os.fstat(self._fd).st_size
+        self.truncated = False
+        #: Lines not written for lack of space (reported in the next line written).
+        self.skipped = 0
 
     def write(self, record: AuditRecord) -> None:
-        """Append one line (a single write, so lines never interleave)."""
-        os.write(self._fd, format_record(record))
+        """Append one record if the size policy admits it (one write per line).
+
+        Raises:
+            OSError: the write failed (the caller swallows it).
+        """
+        self.write_line(format_record(record))
+
+    def write_summary(self, summary: RefusalSummary) -> None:
+        """Append one refusal summary (same policy as :meth:`write`)."""
+        self.write_line(format_summary(summary))
+
+    def write_line(self, line: bytes) -> None:
+        """Append one pre-formatted line under the size policy (:func:`admit`)."""
+        with self._lock:
+            if self._fd < 0:
+                return
+            if self.skipped:
+                line = _with_skipped(line, self.skipped)
+            decision = admit(
+                self.written,
+                len(line),
+                truncated=self.truncated,
+                free_bytes=self._free_bytes(),
+                cap=self._cap,
+                floor=self._floor,
+            )
+            if decision is Admission.DROP:
+                self.skipped += 1
+                return
+            if decision is Admission.MARKER:
+                self.truncated = True
+                line = truncation_marker(_wall(), self.skipped + 1)
+                if self.written + len(line) > self._cap:
+                    return
+            os.write(self._fd, line)
+            self.written += len(line)
+            self.skipped = 0
+
+    def _free_bytes(self) -> int | None:
+        try:
+            stats = os.fstatvfs(self._fd)
+        except OSError:
+            return None
+        return stats.f_bavail * stats.f_frsize
 
     def close(self) -> None:
         """Close the file (idempotent)."""

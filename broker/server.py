@@ -14,8 +14,12 @@ Theory of operation:
   a connection cap; an excess connection gets the canonical error at once
   and is closed. Each connection carries one request (``http.py``), then
   goes through the serialized lane (``service.py``). Transport-level
-  refusals (the cap, malformed HTTP) are answered at once and then counted
-  against maxInvocations like every other response (``service.py``).
+  refusals (the cap, malformed HTTP) are answered when the lane holder of
+  the moment has answered -- at once when the lane is idle, so they are no
+  clock while a query runs (the refusal gate, ``service.py``) -- and then
+  counted against maxInvocations like every other response. At most
+  :data:`REFUSE_HOLD_CAP` excess connections are held at once; beyond that
+  the accept loop pauses and the kernel's listen backlog holds the rest.
 * **Stopping** (:meth:`BrokerServer.stop`, wired to SIGTERM/SIGINT by
   ``__main__``): stop accepting, let the in-flight invocation finish within
   the grace period (queued requests get the canonical error), then cancel
@@ -64,6 +68,11 @@ DEFAULT_GRACE_S = 10.0
 LISTEN_BACKLOG = 1024
 #: Time allowed for refusing an excess connection.
 REFUSE_TIMEOUT_S = 1.0
+#: Excess connections held at once while the refusal gate is closed (their
+#: answers wait for the running invocation's answer); past it the accept loop
+#: pauses and new connections wait in the kernel's listen backlog, so a flood
+#: costs at most this many descriptors and tasks.
+REFUSE_HOLD_CAP = 256
 
 
 class Recovery:
@@ -187,6 +196,10 @@ class BrokerServer:
         self.recovery: Recovery | None = None
         self.active = 0
         self.refused = 0
+        #: Excess connections being refused right now (bounded by REFUSE_HOLD_CAP).
+        self.refusing = 0
+        self._refuse_room = trio.Event()
+        self._refuse_room.set()
         self._idle = trio.Event()
         self._idle.set()
         self._stop = trio.Event()
@@ -212,7 +225,9 @@ class BrokerServer:
         audit = AuditLog(config.audit_path)
         try:
             for invocation_id in recovery.interrupted:
-                audit.write(AuditRecord(invocation_id, "interrupted-by-restart"))
+                # An audit write failure never stops the broker (audit.py).
+                with contextlib.suppress(OSError):
+                    audit.write(AuditRecord(invocation_id, "interrupted-by-restart"))
             await self.runner.preflight()
             await self.runner.reconcile()
             await trio.to_thread.run_sync(clear_work_root, config.work_root)
@@ -240,6 +255,8 @@ class BrokerServer:
                     await self.runner.reconcile()
                 with contextlib.suppress(OSError):
                     await trio.to_thread.run_sync(clear_work_root, config.work_root)
+                if self.service is not None:
+                    await self.service.flush_audit()
                 journal.close()
                 audit.close()
 
@@ -268,6 +285,9 @@ class BrokerServer:
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         while True:
+            # Held refusals are bounded: past the hold cap, accept nothing
+            # until the gate opens (connections wait in the listen backlog).
+            await self._refuse_room.wait()
             try:
                 stream = await listener.accept()
             except trio.ClosedResourceError:
@@ -280,6 +300,9 @@ class BrokerServer:
                 raise  # pragma: no cover - unexpected listener failure
             if self.active >= self.connection_cap:
                 self.refused += 1
+                self.refusing += 1
+                if self.refusing >= REFUSE_HOLD_CAP:
+                    self._refuse_room = trio.Event()
                 nursery.start_soon(self._refuse, stream)
                 continue
             self.active += 1
@@ -288,10 +311,16 @@ class BrokerServer:
             nursery.start_soon(self._connection, stream)
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
-        with trio.move_on_after(REFUSE_TIMEOUT_S):
-            await send_response(stream, CANONICAL_ERROR_BODY)
-        await trio.aclose_forcefully(stream)
         assert self.service is not None
+        try:
+            await self.service.hold_refusal()
+            with trio.move_on_after(REFUSE_TIMEOUT_S):
+                await send_response(stream, CANONICAL_ERROR_BODY)
+        finally:
+            await trio.aclose_forcefully(stream)
+            self.refusing -= 1
+            if self.refusing < REFUSE_HOLD_CAP:
+                self._refuse_room.set()
         await self.service.count_refusal("connection-cap")
 
     async def _connection(self, stream: trio.SocketStream) -> None:
@@ -301,8 +330,11 @@ class BrokerServer:
             try:
                 request = await read_request(stream, max_body=MAX_SCRIPT_BYTES, **self._timeouts)
             except HttpReject as exc:
-                # Answered at once (its timing depends only on the client's
-                # bytes), then counted against maxInvocations (service.py).
+                # Answered as soon as the running invocation (if any) has
+                # answered -- at once when the lane is idle -- so its timing
+                # depends only on the client's bytes and on answers the agent
+                # already sees; then counted against maxInvocations (service.py).
+                await service.hold_refusal()
                 await send_response(stream, CANONICAL_ERROR_BODY)
                 await service.count_refusal(exc.reason)
                 return

@@ -24,11 +24,34 @@ Inside the lane, in this order:
 Timing policy: *every* answer produced by the lane -- launched invocations
 and rejections alike -- leaves at a bucket boundary measured from the moment
 the request entered the lane (a rejection normally lands on the 10 ms one).
-Only transport-level refusals (malformed HTTP, missed deadlines, the
-connection cap), whose timing depends on nothing but the client's own bytes,
-are answered at once by the server. Queueing behind a previous invocation is
-itself bucketed time: that invocation answered at a boundary after its own
-cleanup (spec 14.3.1, "Invocations are serialized").
+Queueing behind a previous invocation is itself bucketed time: that
+invocation answered at a boundary after its own cleanup (spec 14.3.1,
+"Invocations are serialized").
+
+The refusal gate (issue 9 part 5). Transport-level refusals (malformed HTTP,
+missed deadlines, the connection cap; ``server.py``) are not in the lane,
+and a refusal answered the moment it is raised is a free, fine-grained
+clock: its latency follows the broker's load, and the broker's work peaks
+exactly when a query ends (result check, container and workspace removal),
+the secret moment the bucket exists to hide. A fixed delay or a fixed grid
+would not help (the wake-up at the delayed moment is just as late under
+load; only the sampling rate drops). So a refusal raised while a request
+holds the lane waits for that request's answer and leaves with it
+(:meth:`Service.hold_refusal`): during a query the broker answers nothing
+before the query's own bucketed answer, which the agent sees anyway. When
+the lane is idle nothing secret is running and refusals leave at once.
+Floods stay bounded (the connection cap, and ``server.py``'s hold cap on
+excess connections); counting is unchanged (after the answer).
+
+Overflow halts the run (issue 9 part 6; reasoning in ``timing.py``). When
+the watchdog answers an overflow, the run stops serving: the requests queued
+for the lane are woken at once, and they and every later request get the
+canonical error at ``timing.halted_answer_at`` (the first boundary after
+the later of their arrival and the overflow answer), without waiting for the
+overrun to end. The overrunning invocation keeps the lane until it has been
+stopped and cleaned up, but no one waits for that any more. Nothing is
+journaled after the halt (no invocation can run any more, so the cap has
+nothing left to limit); the halt lasts for this broker process.
 
 Every failure is the canonical error; its category goes only to the audit
 log. A journal write failure is a local fault: the service turns *broken*
@@ -43,14 +66,20 @@ the refusal as its rejection, exactly like a lane rejection. Two
 differences, both deliberate:
 
 * it is counted *after* it was answered, so its timing keeps depending on
-  nothing but the client's own bytes (not on the journal's fsync, which an
-  invocation running at the same time could slow down); a broker killed
+  nothing but the client's own bytes and the refusal gate (not on the
+  journal's fsync, which an invocation could slow down); a broker killed
   between the answer and the fsync forgets those few counts, which is
   harmless: such an answer carried no repository information, and the cap
   is an operational limit, not a disclosure bound;
 * once the cap is reached nothing more is journaled (as for the lane), so
   a hostile client can cause at most ``maxInvocations`` journal writes in
   a whole run.
+
+Audit (issue 9 part 4; ``audit.py``): an answer that was journaled gets an
+audit line of its own; an uncounted one (past the cap, after a journal
+failure, after a halt) only adds to a per-category tally that leaves as one
+summary record per interval and at shutdown, so a flood costs O(1) audit
+bytes, and the file itself is capped.
 
 The cap check and the journal append happen under one lock
 (``_journal``), so concurrent refusals and the lane can never count past
@@ -61,7 +90,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import secrets
 import sys
@@ -72,7 +100,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-from bounded_query.broker.audit import AuditLog, AuditRecord
+from bounded_query.broker.audit import AuditLog, AuditRecord, RefusalSummary, RefusalTally
 from bounded_query.broker.config import BrokerConfig, SeedEntry, SeedMap
 from bounded_query.broker.http import HttpRequest
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome, Record
@@ -93,6 +121,7 @@ from bounded_query.broker.timing import (
     TOLERANCE_S,
     Landing,
     TimingOverflow,
+    halted_answer_at,
     sleep_until_staged,
     wait_for_boundary,
 )
@@ -127,6 +156,9 @@ class Decision:
     sensitivity: str | None = None
     charge: int | None = None
     detail: str | None = None
+    #: False when nothing was journaled for it (past the cap, broken): its
+    #: audit goes to the tally, not to a line of its own.
+    counted: bool = True
 
 
 class Service:
@@ -156,6 +188,13 @@ class Service:
         self._journal_lock = trio.Lock()
         self.accepting = True
         self.broken = False
+        #: Trio time of the overflow answer that halted the run, or None.
+        self.halted_at: float | None = None
+        #: Opens when the current lane holder has sent its answer (refusal gate).
+        self._gate: trio.Event | None = None
+        #: Cancel scopes of requests waiting for the lane (woken by a halt).
+        self._queued: set[trio.CancelScope] = set()
+        self._tally = RefusalTally()
         #: (lane entry, processing end, landing or None on overflow) of the last
         #: answer, on trio's clock; for benchmarks and tests only.
         self.last_timing: tuple[float, float, Landing | None] | None = None
@@ -186,22 +225,52 @@ class Service:
         """Count and audit a transport-level refusal the server already answered.
 
         See the module docstring: every response counts against
-        maxInvocations; nothing is journaled once the cap is reached or the
-        journal has failed. Never raises on a journal or audit failure.
+        maxInvocations; nothing is journaled once the cap is reached, the
+        journal has failed or the run is halted, and such an uncounted
+        refusal only adds to the audit tally. Never raises on a journal or
+        audit failure.
         """
-        invocation_id = "-"
-        if not self.broken:
+        if not self.broken and self.halted_at is None:
             candidate = self._new_id()
             with contextlib.suppress(OSError, CapReached):
                 await self._journal([Admitted(candidate, rejection=reason)])
-                invocation_id = candidate
-        await self.audit(AuditRecord(invocation_id, reason, wall_time=round(time.time(), 3)))
+                await self.audit(AuditRecord(candidate, reason, wall_time=round(time.time(), 3)))
+                return
+        await self.tally(reason)
 
     async def audit(self, record: AuditRecord) -> None:
         """Write one audit line; an audit failure never changes an answer."""
         # A full disk must not change the answer; the journal still holds the truth.
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(self.audit_log.write, record)
+
+    async def tally(self, category: str) -> None:
+        """Count one uncounted answer in the audit tally (one summary per interval)."""
+        due = self._tally.add(category, trio.current_time(), round(time.time(), 3))
+        if due is not None:
+            await self._write_summary(due)
+
+    async def flush_audit(self) -> None:
+        """Write the pending refusal summary (at shutdown); never raises on I/O."""
+        pending = self._tally.flush(round(time.time(), 3))
+        if pending is not None:
+            await self._write_summary(pending)
+
+    async def _write_summary(self, summary: RefusalSummary) -> None:
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(self.audit_log.write_summary, summary)
+
+    async def hold_refusal(self) -> None:
+        """Wait until the current lane holder has answered (the refusal gate).
+
+        A transport-level refusal raised while an invocation holds the lane
+        leaves together with that invocation's own bucketed answer, so
+        refusals are no clock while a query runs (module docstring). Returns
+        at once when the lane is idle or the run is halted.
+        """
+        gate = self._gate
+        if gate is not None:
+            await gate.wait()
 
     # -- the lane --------------------------------------------------------
 
@@ -211,11 +280,48 @@ class Service:
         If processing is still running at the last boundary plus the
         tolerance, a watchdog answers the canonical error at that fixed
         moment (spec 14.3.1, fail-closed overflow) instead of at the
-        secret-dependent moment processing ends; the lane stays held until
-        processing and cleanup are over, rounded up to a multiple of the last
-        boundary.
+        secret-dependent moment processing ends, and the run halts: the
+        requests queued behind it and every later request get the canonical
+        error at :func:`~bounded_query.broker.timing.halted_answer_at`, a
+        moment that depends only on their arrival and on the overflow answer,
+        never on how long the overrun lasts (module docstring).
         """
-        async with self._lane:
+        arrived = trio.current_time()
+        if self.halted_at is None:
+            with trio.CancelScope() as queued:
+                self._queued.add(queued)
+                try:
+                    await self._lane.acquire()
+                finally:
+                    self._queued.discard(queued)
+            if not queued.cancelled_caught:
+                if self.halted_at is None:
+                    try:
+                        await self._serve_in_lane(request, send)
+                    finally:
+                        self._lane.release()
+                    return
+                # Handed the lane just as the run halted: give it back.
+                self._lane.release()
+        await self._answer_halted(arrived, send)
+
+    async def _answer_halted(self, arrived: float, send: Sender) -> None:
+        """The canonical error at a moment independent of any overrun."""
+        assert self.halted_at is not None
+        await sleep_until_staged(halted_answer_at(arrived, self.halted_at, self.boundaries_s[0]))
+        await send(CANONICAL_ERROR_BODY)
+        await self.tally("halted-after-overflow")
+
+    def _halt(self) -> None:
+        """Stop serving after an overflow: wake every request queued for the lane."""
+        self.halted_at = trio.current_time()
+        for scope in self._queued:
+            scope.cancel()
+
+    async def _serve_in_lane(self, request: HttpRequest, send: Sender) -> None:
+        """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
+        gate = self._gate = trio.Event()
+        try:
             start = trio.current_time()
             invocation_id = self._new_id()
             overflow_at = start + self.boundaries_s[-1] + TOLERANCE_S
@@ -230,22 +336,25 @@ class Service:
             bucket_ms: int | None
             landing: Landing | None = None
             if answered:
+                # Answered (and halted) by the watchdog; nobody waits for the lane.
                 body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
-                # A queued request is timed from its lane entry: release the
-                # lane on a fixed grid (multiples of the last boundary), not
-                # at the secret-dependent end of the overrun.
-                final_s = self.boundaries_s[-1]
-                periods = math.ceil((processed - start) / final_s)
-                await sleep_until_staged(start + periods * final_s)
             else:
                 try:
                     landing = await wait_for_boundary(start, self.boundaries_s)
                     bucket_ms = round(landing.boundary_s * 1000)
                 except TimingOverflow:
                     body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
-            self.last_timing = (start, processed, landing)
-        if not answered:
-            await send(body)
+                self.last_timing = (start, processed, landing)
+                # The refusals held during this pass leave with its answer.
+                gate.set()
+                await send(body)
+            if answered:
+                self.last_timing = (start, processed, None)
+        finally:
+            gate.set()
+        if not decision.counted:
+            await self.tally(category)
+            return
         await self.audit(
             AuditRecord(
                 invocation_id=invocation_id,
@@ -258,29 +367,32 @@ class Service:
             )
         )
 
-    @staticmethod
     async def _overflow_watchdog(
-        scope: trio.CancelScope, at: float, send: Sender, answered: list[bool]
+        self, scope: trio.CancelScope, at: float, send: Sender, answered: list[bool]
     ) -> None:
-        """At ``at``, answer the canonical error (once) unless cancelled first."""
+        """At ``at``, answer the canonical error (once) and halt, unless cancelled first."""
         with scope:
             await sleep_until_staged(at)
             answered.append(True)
+            self._halt()
+            gate = self._gate
+            if gate is not None:
+                gate.set()
             with trio.CancelScope(shield=True):
                 await send(CANONICAL_ERROR_BODY)
 
     async def _decide(self, invocation_id: str, request: HttpRequest) -> Decision:
         if self.broken:
-            return Decision(CANONICAL_ERROR_BODY, "broker-internal")
+            return Decision(CANONICAL_ERROR_BODY, "broker-internal", counted=False)
         if self.ledger.invocations >= self.config.max_invocations:
-            return Decision(CANONICAL_ERROR_BODY, "max-invocations")
+            return Decision(CANONICAL_ERROR_BODY, "max-invocations", counted=False)
         try:
             if not self.accepting:
                 return await self._reject(invocation_id, "broker-stopping", None)
             return await self._admit_and_run(invocation_id, request)
         except CapReached:
             # A refusal counted meanwhile took the last slot; nothing was written.
-            return Decision(CANONICAL_ERROR_BODY, "max-invocations")
+            return Decision(CANONICAL_ERROR_BODY, "max-invocations", counted=False)
         except OSError:
             # A journal write failed: nothing after it happened.
             return Decision(CANONICAL_ERROR_BODY, "journal-failed")

@@ -22,6 +22,18 @@ returned (:class:`TimingOverflow`; fail closed). The pipeline does not wait
 for such a late processing end to answer: a watchdog sends the canonical
 error at the last boundary plus the tolerance (``service.py``), so even an
 overflow answer leaves at a fixed time.
+
+After an overflow (issue 9 part 6) the run halts: the overrunning container
+is still being stopped and removed, for a time the query itself can stretch
+(a tree of files to delete, processes to kill), so *any* answer that waits
+for that end -- releasing the lane at the end of the overrun, or holding it
+for a fixed worst case that a slow enough removal still exceeds -- tells the
+agent how long the overrun lasted. A halted run waits for nothing: every
+request queued behind the overflow, and every later one, gets the canonical
+error at :func:`halted_answer_at`, the first boundary after the later of its
+arrival and the overflow answer, which are both moments the agent already
+knows. No answer after the halt depends on the overrun, so it carries zero
+bits; the price is that one overflow ends the run's service.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ __all__ = [
     "Landing",
     "TimingOverflow",
     "choose_boundary",
+    "halted_answer_at",
     "next_wake",
     "sleep_until_staged",
     "wait_for_boundary",
@@ -79,6 +92,17 @@ def choose_boundary(elapsed_s: float, boundaries_s: Sequence[float] = DEFAULT_BO
         if elapsed_s <= boundary:
             return index
     raise TimingOverflow(f"processing took {elapsed_s:.3f}s, past the last boundary")
+
+
+def halted_answer_at(arrived: float, halted_at: float, first_boundary_s: float) -> float:
+    """When a request gets its answer once the run is halted (pure).
+
+    ``arrived`` is the request's arrival, ``halted_at`` the moment of the
+    overflow answer that halted the run (both trio clock values the agent
+    can observe): the answer leaves ``first_boundary_s`` after the later of
+    the two, whatever the overrun does afterwards.
+    """
+    return max(arrived, halted_at) + first_boundary_s
 
 
 def next_wake(now: float, target: float) -> float | None:

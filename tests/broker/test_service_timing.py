@@ -2,7 +2,9 @@
 
 The scripted runner "runs" for an exact mock duration; the answer must leave
 exactly on the first boundary at or after processing end, measured from lane
-entry, for durations within 1 ms of every boundary.
+entry, for durations within 1 ms of every boundary. After an overflow the run
+halts: followers are answered at a moment independent of the overrun (issue 9
+part 6), and refusals raised during a query leave with its answer (part 5).
 """
 
 from __future__ import annotations
@@ -129,17 +131,118 @@ async def test_overflow_is_answered_at_a_fixed_moment(autojump_clock, service, d
     assert len(service.runner.calls) == 1
 
 
-async def test_lane_stays_held_until_an_overflowing_invocation_ends(autojump_clock, service):
-    results: dict[str, tuple[bytes, float]] = {}
+OVERRUNS = [600.006, 700.0, 1234.5, 5000.0, 86_400.0]
 
-    async def one(name: str, script: str) -> None:
-        results[name] = await _answer(service, request_bytes(script))
+
+async def _overflow_then(service: Service, overrun: float, followers: list[float]):
+    """An overrunning first request, then followers arriving at the given times."""
+    results: dict[int, tuple[bytes, float]] = {}
+
+    async def first() -> None:
+        results[-1] = await _answer(service, request_bytes(f"sleep {overrun}\nwrite true"))
+
+    async def follower(index: int, at: float) -> None:
+        await trio.sleep_until(at)
+        results[index] = await _answer(service, request_bytes("write true"))
+
+    origin = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first)
+        for index, at in enumerate(followers):
+            nursery.start_soon(follower, index, origin + at)
+    return results
+
+
+@pytest.mark.parametrize("overrun", OVERRUNS)
+async def test_after_an_overflow_followers_are_answered_independently_of_the_overrun(
+    autojump_clock, service, overrun
+):
+    """Issue 9 part 6: queued and later requests get the error at a fixed moment."""
+    followers = [0.001, 300.0, 600.004, 601.0, 5000.0]
+    results = await _overflow_then(service, overrun, followers)
+    halt = BOUNDARIES_S[-1] + TOLERANCE_S
+    assert results[-1] == (ERROR, pytest.approx(halt, abs=1e-9))
+    first = BOUNDARIES_S[0]
+    # Queued before the halt: the first boundary after the overflow answer,
+    # measured from their own arrival; after it: the first boundary after arrival.
+    assert results[0] == (ERROR, pytest.approx(halt + first - 0.001, abs=1e-9))
+    assert results[1] == (ERROR, pytest.approx(halt + first - 300.0, abs=1e-9))
+    assert results[2] == (ERROR, pytest.approx(halt + first - 600.004, abs=1e-9))
+    assert results[3] == (ERROR, pytest.approx(first, abs=1e-9))
+    assert results[4] == (ERROR, pytest.approx(first, abs=1e-9))
+    assert len(service.runner.calls) == 1  # nothing runs after the halt
+    assert service.halted_at == pytest.approx(halt, abs=1e-9)
+
+
+async def test_follower_answer_times_are_identical_for_every_overrun(
+    autojump_clock, tmp_path, monkeypatch
+):
+    """The same follower schedule, one fresh service per overrun: one timing for all."""
+    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
+    seen: set[tuple[tuple[int, bytes, float], ...]] = set()
+    for index, overrun in enumerate(OVERRUNS):
+        root = tmp_path / str(index)
+        root.mkdir()
+        config, seed_map = load(make_root(root, max_invocations=100, timeout=540))
+        journal = JournalFile.open(config.journal_path, config.run_id)
+        audit = AuditLog(config.audit_path)
+        svc = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+        try:
+            results = await _overflow_then(svc, overrun, [0.001, 0.5, 700.0, 10_000.0])
+        finally:
+            journal.close()
+            audit.close()
+        timings = sorted(results.items())
+        seen.add(tuple((k, body, round(t, 9)) for k, (body, t) in timings if k >= 0))
+    assert len(seen) == 1, seen
+
+
+async def test_refusals_wait_for_the_running_invocation_to_answer(autojump_clock, service):
+    """Issue 9 part 5: a refusal raised during a query leaves with the query's answer."""
+    released: list[float] = []
+
+    async def refusal(at: float) -> None:
+        await trio.sleep_until(at)
+        await service.hold_refusal()
+        released.append(trio.current_time())
+
+    origin = trio.current_time()
+    answer: list[tuple[bytes, float]] = []
+
+    async def query() -> None:
+        answer.append(await _answer(service, request_bytes("sleep 0.37\nwrite true")))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(one, "first", "sleep 700\nwrite true")
-        await trio.sleep(0.001)
-        nursery.start_soon(one, "second", "write true")
-    assert results["first"] == (ERROR, pytest.approx(600.005, abs=1e-9))
-    # The lane is released on the 600 s grid after the overrun ends (1200 s),
-    # never at the overrun's own end (700 s).
-    assert results["second"] == (OK, pytest.approx(1200 - 0.001 + 0.01, abs=1e-9))
+        nursery.start_soon(query)
+        for at in (0.0001, 0.2, 0.3699, 0.5, 0.99):
+            nursery.start_soon(refusal, origin + at)
+    assert answer == [(OK, pytest.approx(1.0, abs=1e-9))]
+    assert released == [pytest.approx(origin + 1.0, abs=1e-9)] * 5
+    # Idle lane: at once.
+    before = trio.current_time()
+    await service.hold_refusal()
+    assert trio.current_time() == before
+
+
+async def test_refusals_are_released_by_the_overflow_answer_not_the_overrun_end(
+    autojump_clock, service
+):
+    released: list[float] = []
+
+    async def refusal(at: float) -> None:
+        await trio.sleep_until(at)
+        await service.hold_refusal()
+        released.append(trio.current_time())
+
+    origin = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_answer, service, request_bytes("sleep 3000\nwrite true"))
+        for at in (1.0, 599.0, 700.0, 2999.0):
+            nursery.start_soon(refusal, origin + at)
+    halt = origin + BOUNDARIES_S[-1] + TOLERANCE_S
+    assert released == [
+        pytest.approx(halt, abs=1e-9),
+        pytest.approx(halt, abs=1e-9),
+        pytest.approx(origin + 700.0, abs=1e-9),
+        pytest.approx(origin + 2999.0, abs=1e-9),
+    ]
