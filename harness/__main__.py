@@ -25,6 +25,13 @@ from pathlib import Path
 
 import trio
 
+from .agent_spec import (
+    AGENT_NETWORK_DEFAULT,
+    DEFAULT_AGENT_IMAGE,
+    DEFAULT_AGENT_UID,
+    AgentUser,
+    parse_agent_user,
+)
 from .config import SLUG_RE
 from .events import EventSink, append_step_summary
 from .outputs import DEFAULT_IMAGE
@@ -91,8 +98,24 @@ def _agent_argv(raw: Sequence[str]) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _agent_user(args: argparse.Namespace) -> AgentUser | None:
+    raw = getattr(args, "agent_user", None)
+    if raw is None:
+        return None
+    try:
+        return parse_agent_user(raw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions:
     return RunOptions(
+        agent_on_host=getattr(args, "agent_on_host", False),
+        agent_user=_agent_user(args),
+        unconfined_agent=getattr(args, "unconfined_agent", False),
+        agent_image=getattr(args, "agent_image", DEFAULT_AGENT_IMAGE),
+        agent_network=getattr(args, "agent_network", AGENT_NETWORK_DEFAULT),
+        allow_insecure_server=args.allow_insecure_server_url,
         config_source=args.config,
         agent=agent,
         seed_sources=parse_seed_sources(args.seed_source),
@@ -240,7 +263,43 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="another agent-visible path the private root must not overlap (repeatable)",
     )
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="query image")
+    parser.add_argument(
+        "--allow-insecure-server-url",
+        action="store_true",
+        help="accept a plain-http GITHUB_SERVER_URL (local test servers only: the token"
+        " would travel in clear text)",
+    )
     parser.add_argument("--state-base", default=str(DEFAULT_BASE), help=argparse.SUPPRESS)
+
+
+def _add_agent_options(parser: argparse.ArgumentParser) -> None:
+    """How the agent is confined (issue 8; README "Confinement")."""
+    parser.add_argument(
+        "--agent-user",
+        default=None,
+        metavar="UID[:GID]",
+        help="the agent's uid/gid, never 0 (default in a container: the workspace owner,"
+        f" or {DEFAULT_AGENT_UID} when that is root)",
+    )
+    parser.add_argument(
+        "--agent-image", default=DEFAULT_AGENT_IMAGE, help="the agent container's image"
+    )
+    parser.add_argument(
+        "--agent-network",
+        default=AGENT_NETWORK_DEFAULT,
+        help="the agent container's network (default: the engine's bridge; none: no network)",
+    )
+    parser.add_argument(
+        "--agent-on-host",
+        action="store_true",
+        help="run the agent on the host as --agent-user (checked before it starts)",
+    )
+    parser.add_argument(
+        "--unconfined-agent",
+        action="store_true",
+        help="with --agent-on-host and no --agent-user: run it with the harness's uid"
+        " (the run is reported degraded)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compose", action="store_true", help="run the broker as the compose service"
     )
     run_parser.add_argument("--compose-project", default=None, help=argparse.SUPPRESS)
+    _add_agent_options(run_parser)
     run_parser.add_argument("agent", nargs=argparse.REMAINDER, help="-- AGENT-COMMAND...")
     run_parser.set_defaults(handler=_cmd_run)
 

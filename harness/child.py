@@ -50,6 +50,11 @@ class ChildBroker:
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process
 
+    @property
+    def pid(self) -> int:
+        """The broker's pid (the host-agent check proves the agent cannot read it)."""
+        return self._process.pid
+
     def exited(self) -> int | None:
         """The exit status, or None while the broker runs."""
         return self._process.poll()

@@ -78,14 +78,19 @@ def broker_config_doc(
     image: str = DEFAULT_IMAGE,
     docker_host: str = "unix:///var/run/docker.sock",
     host_path_map: Mapping[str, str] | None = None,
+    socket_gid: int | None = None,
 ) -> dict[str, Any]:
-    """The broker config document (``bounded-query-broker --config``)."""
+    """The broker config document (``bounded-query-broker --config``).
+
+    ``socket_gid`` is the agent's gid: the broker makes the socket directory
+    and the socket that group's (0770/0660), so the agent can connect.
+    """
     return {
         "version": 1,
         "runId": run_id,
         "socketPath": str(paths.socket_path),
         "socketUid": None,
-        "socketGid": None,
+        "socketGid": socket_gid,
         "privateRoot": str(paths.private_root),
         "seedMap": str(paths.seed_map),
         "runtime": config.runtime,

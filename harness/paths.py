@@ -16,10 +16,12 @@ lexically) and compared with every agent-visible path resolved the same way:
 any containment in either direction is an overlap and fails preflight.
 
 Permissions (the query runs as uid 65534 and reads its seed through a
-read-only bind mount): the private root and ``seeds/`` are 0711 --
-traversable, never listable -- so uid 65534 can reach a seed only by its
-unguessable 128-bit name; every other entry of the private root is 0700 or
-0600. A seed is 0555 directories and 0444/0555 files (see ``staging.py``).
+read-only bind mount): the private root and ``seeds/`` are ``root:65534``
+0710 when the harness is root -- traversable by the query's group only,
+never listable -- (0711 otherwise), so uid 65534 can reach a seed only by
+its unguessable 128-bit name and no other user can traverse at all; every
+other entry of the private root is 0700 or 0600. A seed is 0555
+directories and 0444/0555 files (see ``staging.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "INGRESS_PREFIX",
     "PRIVATE_PREFIX",
     "PRIVATE_ROOT_MODE",
+    "PRIVATE_ROOT_MODE_ROOT",
     "RunPaths",
     "overlap_problems",
     "overlaps",
@@ -47,7 +50,11 @@ DEFAULT_BASE = Path("/var/tmp")
 PRIVATE_PREFIX = "awf-bounded-query-private-"
 INGRESS_PREFIX = "awf-bounded-query-ingress-"
 #: Traversable but not listable by others: uid 65534 must reach its seed.
+#: Used when the harness is not root.
 PRIVATE_ROOT_MODE = 0o711
+#: As root the private root and ``seeds/`` are ``root:65534`` 0710: only the
+#: query's group traverses them, no other user does (issue 8: a host agent).
+PRIVATE_ROOT_MODE_ROOT = 0o710
 #: Hex digits of the per-run digest in the root names.
 DIGEST_CHARS = 16
 

@@ -68,6 +68,8 @@ class PreflightInputs:
     env: Mapping[str, str]
     seed_sources: Mapping[str, Path] = field(default_factory=dict)
     agent_visible: tuple[Path, ...] = ()
+    #: ``--allow-insecure-server-url``: accept a plain-http GITHUB_SERVER_URL.
+    allow_insecure_server: bool = False
 
 
 def docker_host_from_env(env: Mapping[str, str]) -> str:
@@ -195,7 +197,7 @@ def _source_problems(inputs: PreflightInputs) -> list[Problem]:
     remote = [r.repo for r in inputs.config.private_repos if r.repo.lower() not in sources]
     if remote:
         try:
-            server_url(inputs.env)
+            server_url(inputs.env, allow_insecure=inputs.allow_insecure_server)
         except StagingError as exc:
             problems.append(Problem("GITHUB_SERVER_URL", str(exc), "fix GITHUB_SERVER_URL"))
     if remote and staging_token(inputs.env) is None:

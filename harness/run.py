@@ -9,11 +9,25 @@ the agent command -> teardown. Before the broker starts, a size-limited tmpfs
 is mounted over the private root's ``work/`` (the query workspaces; see
 ``quota.py``), or the run is reported degraded.
 
-The agent gets the caller's environment minus GH_TOKEN/GITHUB_TOKEN, plus
+The agent is confined (issue 8, ``agent.py``): by default it runs in its own
+container (``agent_spec.py``: the workspace, the socket directory and the
+read-only skill/wrapper directory as its only mounts, a non-root uid, no
+capabilities); with ``--agent-on-host`` it runs on the host as an
+unprivileged user after :func:`.hostcheck.host_agent_problems` proved that
+user cannot reach the private root, the harness's or broker's environment,
+the Docker socket or the journal; as root only with ``--unconfined-agent``,
+and then the run is degraded. It gets the caller's environment minus
+GH_TOKEN/GITHUB_TOKEN (and anything naming the private root), plus
 ``AWF_BOUNDED_QUERY_SOCKET``, ``AWF_BOUNDED_QUERY_SKILL`` and
 ``AWF_BOUNDED_QUERY_REPOS`` (slugs only) and the wrapper directory first on
-PATH. With the section absent or not enabled, nothing is staged or started
-and the agent runs with the environment untouched (spec 14.2).
+PATH; the broker socket is group-owned by the agent's gid. With the section
+absent or not enabled, nothing is staged or started and the agent runs with
+the environment untouched (spec 14.2).
+
+The staging token is read once (:func:`.tokens.take_process_token` wipes it
+from this process's own environment block at start) and dropped from the
+run's environment as soon as staging is over: only the clone children ever
+hold it.
 
 Teardown runs on every path (normal exit, failure, SIGINT/SIGTERM/SIGHUP),
 shielded from cancellation: stop the agent if it still runs, stop the broker
@@ -34,11 +48,12 @@ terminated, then killed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,9 +61,26 @@ from typing import Any, Protocol
 import trio
 from bounded_query.broker.runner import LABEL_RUN, parse_memory_limit
 
+from .agent import (
+    AgentHandle,
+    AgentStartError,
+    start_container_agent,
+    start_host_agent,
+    stdin_is_terminal,
+    sweep_agent_containers,
+)
+from .agent_spec import (
+    AGENT_NETWORK_DEFAULT,
+    DEFAULT_AGENT_IMAGE,
+    AgentContainer,
+    AgentUser,
+    default_agent_user,
+)
+from .agent_spec import agent_environment as _agent_environment
 from .child import broker_environment, start_child_broker
 from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, Problem, load_config
 from .events import EventSink, append_step_summary
+from .hostcheck import HostCheck, host_agent_problems
 from .outputs import (
     DEFAULT_IMAGE,
     broker_config_doc,
@@ -70,6 +102,7 @@ from .quota import mount_work_quota, unmount_work_quota
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
 from .sweep import MODE_COMPOSE, MODE_RUN, current_owner, sweep_stale_roots, write_owner_record
+from .tokens import scrub_process_environment
 
 __all__ = [
     "EXIT_HARNESS",
@@ -115,6 +148,19 @@ class RunOptions:
     #: How long a signalled agent may take to exit before it is terminated,
     #: and then killed (each step gets this long).
     stop_grace: float = AGENT_STOP_GRACE_S
+    #: Run the agent on the host instead of in its container.
+    agent_on_host: bool = False
+    #: The agent's uid/gid (default: the workspace owner unless root, else
+    #: ``agent_spec.DEFAULT_AGENT_UID``; on the host: none, i.e. refused).
+    agent_user: AgentUser | None = None
+    #: Allow a host agent with the harness's own uid (root): degraded.
+    unconfined_agent: bool = False
+    agent_image: str = DEFAULT_AGENT_IMAGE
+    agent_network: str = AGENT_NETWORK_DEFAULT
+    #: Give the agent container a TTY; None: when stdin is a terminal.
+    agent_tty: bool | None = None
+    #: Allow a non-https ``GITHUB_SERVER_URL`` (local test servers only).
+    allow_insecure_server: bool = False
 
 
 class BrokerHandle(Protocol):
@@ -130,16 +176,39 @@ class BrokerHandle(Protocol):
 
 
 def agent_environment(
-    env: Mapping[str, str], paths: RunPaths, config: BoundedQueriesConfig
+    env: Mapping[str, str],
+    paths: RunPaths,
+    config: BoundedQueriesConfig,
+    *,
+    container: bool = False,
 ) -> dict[str, str]:
-    """The agent's environment (spec 14.8): tokens removed, three variables added."""
-    out = {k: v for k, v in env.items() if k not in TOKEN_VARIABLES}
-    out["AWF_BOUNDED_QUERY_SOCKET"] = str(paths.socket_path)
-    out["AWF_BOUNDED_QUERY_SKILL"] = str(paths.skill_file)
-    out["AWF_BOUNDED_QUERY_REPOS"] = ",".join(config.slugs)
-    path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    out["PATH"] = f"{paths.wrapper_dir}{os.pathsep}{path}" if path else str(paths.wrapper_dir)
-    return out
+    """The agent's environment (spec 14.8; ``agent_spec.agent_environment``)."""
+    return _agent_environment(
+        env,
+        socket_path=str(paths.socket_path),
+        skill_file=str(paths.skill_file),
+        slugs=config.slugs,
+        wrapper_dir=str(paths.wrapper_dir),
+        private_root=str(paths.private_root),
+        container=container,
+    )
+
+
+def resolve_agent_user(options: RunOptions) -> AgentUser | None:
+    """The agent's user: ``--agent-user``, else (container) the default rule.
+
+    For a host agent without ``--agent-user`` this is None: the agent would
+    keep the harness's uid, which only ``--unconfined-agent`` allows.
+    """
+    if options.agent_user is not None:
+        return options.agent_user
+    if options.agent_on_host:
+        return None
+    try:
+        st = os.stat(options.workspace)
+    except OSError:
+        return default_agent_user(0, 0)
+    return default_agent_user(st.st_uid, st.st_gid)
 
 
 def _exit_status(returncode: int) -> int:
@@ -223,7 +292,7 @@ class _RunState:
     """Mutable bookkeeping of one run, for teardown."""
 
     signal_number: int | None = None
-    agent: trio.Process | None = None
+    agent: AgentHandle | None = None
     broker: BrokerHandle | None = None
     paths: RunPaths | None = None
     config: BoundedQueriesConfig | None = None
@@ -235,6 +304,8 @@ class _RunState:
     stop_grace: float = AGENT_STOP_GRACE_S
     agent_done: bool = False
     work_quota: bool = False
+    #: The broker socket's group: the agent's gid (None: the harness's).
+    socket_gid: int | None = None
 
 
 async def _watch_signals(state: _RunState, sink: EventSink) -> None:
@@ -251,8 +322,7 @@ async def _watch_signals(state: _RunState, sink: EventSink) -> None:
             sink.emit("signal", signal=signal.Signals(signum).name)
             agent = state.agent
             if agent is not None and agent.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    agent.send_signal(signum)
+                await agent.signal(signum)
                 if first:
                     deadline = trio.current_time() + state.stop_grace
                     state.cancel.deadline = min(state.cancel.deadline, deadline)
@@ -262,31 +332,81 @@ async def _watch_signals(state: _RunState, sink: EventSink) -> None:
                 state.cancel.cancel()
 
 
-async def _start_agent(
-    options: RunOptions, env: Mapping[str, str], state: _RunState, sink: EventSink
-) -> int:
+AgentLauncher = Callable[[], Awaitable[AgentHandle]]
+
+
+def _host_launcher(
+    options: RunOptions, env: Mapping[str, str], user: AgentUser | None
+) -> AgentLauncher:
+    async def launch() -> AgentHandle:
+        return await start_host_agent(options.agent, env, str(options.workspace), user)
+
+    return launch
+
+
+def _container_launcher(
+    options: RunOptions, env: Mapping[str, str], state: _RunState, user: AgentUser
+) -> AgentLauncher:
+    assert state.paths is not None
+    paths = state.paths
+    tty = stdin_is_terminal() if options.agent_tty is None else options.agent_tty
+
+    async def launch() -> AgentHandle:
+        try:
+            spec = AgentContainer(
+                image=options.agent_image,
+                argv=options.agent,
+                workspace=str(options.workspace),
+                socket_dir=str(paths.socket_dir),
+                skill_dir=str(paths.skill_dir),
+                env=env,
+                user=user,
+                run_id=state.run_id,
+                owner=json.dumps(current_owner(MODE_RUN).to_doc(), sort_keys=True),
+                network=options.agent_network,
+                tty=tty,
+                cpuset=_agent_cpuset(),
+            )
+        except (ValueError, OSError) as exc:
+            raise AgentStartError(str(exc)) from None
+        return await start_container_agent(state.docker_host, spec)
+
+    return launch
+
+
+def _agent_cpuset() -> str | None:
+    """``CpusetCpus`` for the agent container, from ``sandbox/cpus.py`` when present."""
     try:
-        process = await trio.lowlevel.open_process(
-            list(options.agent), env=dict(env), cwd=str(options.workspace)
-        )
-    except OSError as exc:
-        sink.emit("agent_failed_to_start", message=exc.strerror or str(exc))
+        from bounded_query.sandbox import cpus  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # TODO(lead): sandbox/cpus.py not there yet: no pinning
+        return None
+    agent_cpus = getattr(cpus, "agent_cpus", None)
+    if agent_cpus is None:
+        return None
+    value = agent_cpus(os.cpu_count() or 1)
+    return value if isinstance(value, str) and value else None
+
+
+async def _start_agent(launch: AgentLauncher, state: _RunState, sink: EventSink) -> int:
+    try:
+        agent = await launch()
+    except AgentStartError as exc:
+        sink.emit("agent_failed_to_start", message=str(exc))
         return EXIT_HARNESS
-    state.agent = process
-    sink.emit("agent_started", pid=process.pid)
+    state.agent = agent
+    pid = getattr(agent, "pid", None)
+    if pid is not None:
+        sink.emit("agent_started", pid=pid)
+    else:
+        sink.emit("agent_started", container=agent.ident[:12])
     try:
-        returncode = await process.wait()
+        status = await agent.wait()
     finally:
-        if process.poll() is None:
-            with trio.CancelScope(shield=True):
-                process.terminate()
-                with trio.move_on_after(state.stop_grace):
-                    await process.wait()
-                if process.poll() is None:
-                    process.kill()
-                killed = await process.wait()
-                sink.emit("agent_stopped", status=_exit_status(killed))
-    status = _exit_status(returncode)
+        with trio.CancelScope(shield=True):
+            if agent.poll() is None:
+                killed = await agent.stop(state.stop_grace)
+                sink.emit("agent_stopped", status=killed)
+            await agent.close()
     state.agent_done = True
     sink.emit("agent_exited", status=status)
     return status
@@ -360,6 +480,7 @@ async def _prepare(
     """
     config = loaded.config
     await trio.to_thread.run_sync(sweep_stale_roots, options.base, os.getuid(), sink)
+    await _sweep_agents(docker_host_from_env(env), sink)
     state.run_id = secrets.token_hex(16)
     state.docker_host = docker_host_from_env(env)
     paths = run_paths(os.getuid(), options.workspace, state.run_id, options.base)
@@ -371,6 +492,7 @@ async def _prepare(
         env=env,
         seed_sources=dict(options.seed_sources),
         agent_visible=visible,
+        allow_insecure_server=options.allow_insecure_server,
     )
     problems = static_problems(inputs)
     if not problems and options.probe_runtime:
@@ -407,21 +529,35 @@ async def _prepare(
     token = staging_token(env)
     try:
         seeds = await trio.to_thread.run_sync(
-            lambda: stage_seeds(specs, paths, env, token, on_staged=staged)
+            lambda: stage_seeds(
+                specs, paths, env, token, on_staged=staged,
+                allow_insecure_server=options.allow_insecure_server,
+            )
         )
     except StagingError as exc:
         sink.emit("staging_failed", message=str(exc))
         return False
+    finally:
+        token = None
     write_json_private(paths.seed_map, seed_map_doc(seeds))
     write_json_private(
         paths.broker_config,
         broker_config_doc(
-            paths, state.run_id, config, image=options.image, docker_host=state.docker_host
+            paths, state.run_id, config, image=options.image, docker_host=state.docker_host,
+            socket_gid=state.socket_gid,
         ),
     )
     write_agent_side(paths, config)
     sink.emit("outputs_written", skill=str(paths.skill_file), socket=str(paths.socket_path))
     return True
+
+
+async def _sweep_agents(docker_host: str, sink: EventSink) -> None:
+    """Remove agent containers left by a harness killed with SIGKILL (best effort)."""
+    if not docker_host.startswith("unix://"):
+        return
+    with contextlib.suppress(Exception):
+        await trio.to_thread.run_sync(sweep_agent_containers, docker_host, sink)
 
 
 async def _stop_broker(state: _RunState, sink: EventSink) -> None:
@@ -493,11 +629,94 @@ async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: Eve
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, state, sink)
         with state.cancel:
-            status = await _start_agent(options, env, state, sink)
+            status = await _start_agent(_host_launcher(options, env, None), state, sink)
         nursery.cancel_scope.cancel()
     if state.signal_number is not None and not state.agent_done:
         status = 128 + state.signal_number
     return status
+
+
+def agent_mode_problems(
+    options: RunOptions, user: AgentUser | None, harness_uid: int
+) -> list[Problem]:
+    """Why the requested agent mode is refused (empty: allowed); issue 8 item 2."""
+    where = "--agent-on-host"
+    if options.unconfined_agent and not options.agent_on_host:
+        return [Problem("--unconfined-agent", "only applies to --agent-on-host",
+                        "drop --unconfined-agent (the agent container is confined)")]
+    if not options.agent_on_host:
+        return []
+    if user is None and not options.unconfined_agent:
+        return [
+            Problem(
+                where,
+                f"the agent would run with the harness's own uid {harness_uid}"
+                + (" (root)" if harness_uid == 0 else "")
+                + ": it could read the staging token, the seeds and the journal",
+                "pass --agent-user UID[:GID] of an unprivileged user, or drop --agent-on-host"
+                " to run the agent in its container (--unconfined-agent accepts a degraded"
+                " run)",
+            )
+        ]
+    if user is not None and harness_uid != 0 and user.uid != harness_uid:
+        return [Problem("--agent-user", f"switching to uid {user.uid} needs a root harness",
+                        "run the harness as root, or run the agent in its container")]
+    return []
+
+
+_UNCONFINED_NOTE = (
+    "the agent runs on the host with the harness's uid (--unconfined-agent): it can read"
+    " the staging token, the seeds, the journal and the audit log"
+)
+
+
+def _degrade_unconfined(sink: EventSink) -> None:
+    sink.degrade("agent", _UNCONFINED_NOTE)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"bounded-query-harness: DEGRADED: {_UNCONFINED_NOTE}\n")
+        sys.stderr.flush()
+
+
+async def _run_confined_agent(
+    options: RunOptions,
+    env: Mapping[str, str],
+    state: _RunState,
+    user: AgentUser | None,
+    sink: EventSink,
+) -> int:
+    """Start the agent in the requested mode (after the host check for a host agent)."""
+    assert state.paths is not None
+    assert state.config is not None
+    container = not options.agent_on_host
+    agent_env = agent_environment(env, state.paths, state.config, container=container)
+    if container:
+        assert user is not None
+        sink.emit("agent_mode", mode="container", user=str(user), image=options.agent_image,
+                  network=options.agent_network)
+        return await _start_agent(_container_launcher(options, agent_env, state, user),
+                                  state, sink)
+    if user is not None:
+        broker_pid = getattr(state.broker, "pid", None)
+        problems = await trio.to_thread.run_sync(
+            lambda: host_agent_problems(
+                HostCheck(
+                    user=user,
+                    private_root=state.paths.private_root if state.paths else Path("/"),
+                    journal=state.paths.journal if state.paths else Path("/"),
+                    socket_path=state.paths.socket_path if state.paths else Path("/"),
+                    pids=tuple(p for p in (os.getpid(), broker_pid) if p is not None),
+                    docker_host=state.docker_host,
+                )
+            )
+        )
+        if problems:
+            _problems_event(sink, "preflight_error", problems)
+            sink.emit("preflight_failed", problems=len(problems))
+            return EXIT_HARNESS
+        sink.emit("agent_mode", mode="host", user=str(user))
+    else:
+        sink.emit("agent_mode", mode="host-unconfined", user=str(os.getuid()))
+    return await _start_agent(_host_launcher(options, agent_env, user), state, sink)
 
 
 async def run(
@@ -506,8 +725,16 @@ async def run(
     env: Mapping[str, str] | None = None,
     start_broker: BrokerStarter | None = None,
 ) -> int:
-    """Run the harness once; returns the process exit status."""
-    env = dict(os.environ if env is None else env)
+    """Run the harness once; returns the process exit status.
+
+    With ``env`` None the process environment is used, and the token
+    variables are then wiped from it at once (``tokens.py``).
+    """
+    if env is None:
+        env = dict(os.environ)
+        scrub_process_environment(TOKEN_VARIABLES)
+    else:
+        env = dict(env)
     loaded = load_reported(options.config_source, sink, env.get("GITHUB_STEP_SUMMARY"))
     if loaded is None:
         sink.emit("run_end", status=EXIT_HARNESS, phase="config")
@@ -520,11 +747,24 @@ async def run(
     state = _RunState(config=loaded.config, stop_grace=options.stop_grace)
     status = EXIT_HARNESS
     phase = "preflight"
+    user = resolve_agent_user(options)
+    refusal = agent_mode_problems(options, user, os.getuid())
+    if refusal:
+        _problems_event(sink, "preflight_error", refusal)
+        sink.emit("preflight_failed", problems=len(refusal))
+        _summarize(state, status, phase, sink, env)
+        sink.emit("run_end", status=status, phase=phase)
+        return status
+    if options.agent_on_host and user is None:
+        _degrade_unconfined(sink)
+    state.socket_gid = None if user is None else user.gid
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, state, sink)
             with state.cancel:
                 if await _prepare(options, loaded, env, state, sink):
+                    for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
+                        env.pop(name, None)
                     assert state.paths is not None
                     phase = "broker"
                     state.work_quota = await mount_work_quota(
@@ -539,8 +779,7 @@ async def run(
                         state.paths, state.broker, options.ready_timeout, sink
                     ):
                         phase = "agent"
-                        agent_env = agent_environment(env, state.paths, loaded.config)
-                        status = await _start_agent(options, agent_env, state, sink)
+                        status = await _run_confined_agent(options, env, state, user, sink)
                         if state.broker.exited() is not None:
                             state.degraded_notes.append(
                                 "the broker exited while the agent ran; later queries failed"

@@ -5,8 +5,12 @@ exists:
 
 1. the credential comes from GH_TOKEN/GITHUB_TOKEN and reaches git only
    through the environment of the clone child, read back by a GIT_ASKPASS
-   helper script that contains no secret; the URL, argv, logs and every file
-   stay credential-free, and errors are scrubbed of it all the same;
+   helper script that contains no secret and answers only git's prompts for
+   the configured server's origin (any other prompt gets nothing); the URL,
+   argv, logs and every file stay credential-free, and errors are scrubbed
+   of it all the same. The server must be ``https://`` unless the operator
+   explicitly allows plain http (``--allow-insecure-server-url``, for local
+   test servers);
 2. ``git clone`` runs with an isolated HOME, no system or global config, no
    credential helpers and a protocol allow-list, into
    ``<private root>/seeds/<random 128-bit hex>/``; an operator-provided
@@ -33,6 +37,7 @@ Any failure raises :class:`StagingError` and the run aborts (exit 2).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -45,13 +50,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .config import PrivateRepo
-from .paths import PRIVATE_ROOT_MODE, RunPaths
+from .paths import PRIVATE_ROOT_MODE, PRIVATE_ROOT_MODE_ROOT, RunPaths
 
 __all__ = [
     "QUERY_UID",
     "SeedSpec",
     "StagedSeed",
     "StagingError",
+    "askpass_script",
     "create_private_root",
     "make_read_only",
     "reject_external_references",
@@ -73,14 +79,35 @@ GIT_TIMEOUT_S = 120
 #: Stderr of a failed git command kept for the error message.
 MAX_ERROR_CHARS = 800
 
-_ASKPASS = """#!/bin/sh
-# Staging askpass helper (spec 14.6): the secret is read from the clone
-# child's environment, never stored here.
-case "$1" in
-  [Uu]sername*) printf '%s\\n' x-access-token ;;
-  *) printf '%s\\n' "$BQ_STAGING_CREDENTIAL" ;;
-esac
-"""
+#: The user name sent with the token (GitHub's convention for tokens).
+TOKEN_USER = "x-access-token"
+#: What ``server_url`` accepts as the origin's host[:port] (it is embedded in
+#: the askpass helper's ``case`` patterns, so no shell or glob character).
+_NETLOC_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::[0-9]{1,5})?")
+
+
+def askpass_script(origin: str) -> str:
+    """The askpass helper for ``origin`` (``scheme://host[:port]``, checked).
+
+    It answers git's two prompts for exactly that origin -- ``Username for
+    'ORIGIN': `` and ``Password for 'SCHEME://x-access-token@HOST': `` -- and
+    exits 1 with no output for anything else (another host after a
+    redirect, a proxy, a different user), so the token goes nowhere else.
+    The secret is read from the clone child's environment, never stored here.
+    """
+    scheme, _, netloc = origin.partition("://")
+    if scheme not in ("https", "http") or _NETLOC_RE.fullmatch(netloc) is None:
+        raise StagingError(f"cannot build an askpass helper for {origin!r}")
+    return (
+        "#!/bin/sh\n"
+        "# Staging askpass helper (spec 14.6): answers only for the configured server.\n"
+        'case "$1" in\n'
+        f"  \"Username for '{scheme}://{netloc}'\"*) printf '%s\\n' {TOKEN_USER} ;;\n"
+        f"  \"Password for '{scheme}://{TOKEN_USER}@{netloc}'\"*)"
+        " printf '%s\\n' \"$BQ_STAGING_CREDENTIAL\" ;;\n"
+        "  *) exit 1 ;;\n"
+        "esac\n"
+    )
 
 
 class StagingError(Exception):
@@ -107,11 +134,16 @@ class StagedSeed:
     seconds: float
 
 
-def server_url(env: Mapping[str, str]) -> str:
+def server_url(env: Mapping[str, str], *, allow_insecure: bool = False) -> str:
     """``$GITHUB_SERVER_URL`` (default https://github.com), checked and normalized.
 
+    Plain ``http://`` is accepted only with ``allow_insecure`` (the operator's
+    ``--allow-insecure-server-url``): the token would cross the network in
+    clear text.
+
     Raises:
-        StagingError: not http(s), carries user info, a query or a fragment.
+        StagingError: not https (or http when allowed), carries user info, a
+            query or a fragment, or a host[:port] with unusual characters.
     """
     raw = env.get("GITHUB_SERVER_URL") or "https://github.com"
     parts = urlsplit(raw)
@@ -122,26 +154,45 @@ def server_url(env: Mapping[str, str]) -> str:
         or parts.query
         or parts.fragment
         or any(c.isspace() for c in raw)
+        or _NETLOC_RE.fullmatch(parts.netloc) is None
     ):
         raise StagingError(
-            "GITHUB_SERVER_URL must be a plain http(s)://host[:port][/path] URL without "
+            "GITHUB_SERVER_URL must be a plain https://host[:port][/path] URL without "
             "credentials, query or fragment"
+        )
+    if parts.scheme != "https" and not allow_insecure:
+        raise StagingError(
+            "GITHUB_SERVER_URL is not https:// (the token would travel in clear text); "
+            "pass --allow-insecure-server-url only for a local test server"
         )
     return raw.rstrip("/")
 
 
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def create_private_root(paths: RunPaths) -> None:
-    """Create the private root (0711) and ``seeds/`` (0711); both must be new.
+    """Create the private root and ``seeds/``; both must be new.
+
+    As root both are ``root:65534`` 0710 (:data:`PRIVATE_ROOT_MODE_ROOT`):
+    only the query's group may traverse them, so no other unprivileged user
+    (a host agent, issue 8) can reach anything below. Otherwise (a
+    non-root harness cannot give a directory to group 65534) 0711.
 
     Raises:
         StagingError: the root already exists or cannot be created.
     """
+    as_root = os.geteuid() == 0
+    mode = PRIVATE_ROOT_MODE_ROOT if as_root else PRIVATE_ROOT_MODE
     try:
         paths.private_root.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(paths.private_root, 0o700)
-        os.chmod(paths.private_root, PRIVATE_ROOT_MODE)
-        os.mkdir(paths.seeds_dir, 0o700)
-        os.chmod(paths.seeds_dir, PRIVATE_ROOT_MODE)
+        for directory in (paths.private_root, paths.seeds_dir):
+            os.mkdir(directory, 0o700)
+            if as_root:
+                os.chown(directory, -1, QUERY_UID, follow_symlinks=False)
+            os.chmod(directory, mode)
     except FileExistsError:
         raise StagingError(f"private root {paths.private_root} already exists") from None
     except OSError as exc:
@@ -207,7 +258,7 @@ def _git(seed: Path, home: Path, *args: str) -> str:
 
 def _clone(
     spec: SeedSpec, dest: Path, staging: Path, env: Mapping[str, str], token: str | None,
-    progress: bool,
+    progress: bool, allow_insecure: bool = False,
 ) -> None:
     home = staging / "home"
     home.mkdir(mode=0o700, exist_ok=True)
@@ -228,11 +279,12 @@ def _clone(
     else:
         if token is None:
             raise StagingError(f"{spec.repo.repo}: no staging credential in GH_TOKEN/GITHUB_TOKEN")
+        server = server_url(env, allow_insecure=allow_insecure)
         askpass = staging / "askpass.sh"
         fd = os.open(askpass, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
         with os.fdopen(fd, "w") as handle:
-            handle.write(_ASKPASS)
-        url = f"{server_url(env)}/{spec.repo.repo}.git"
+            handle.write(askpass_script(_origin(server)))
+        url = f"{server}/{spec.repo.repo}.git"
         command = [*base, "--", url, str(dest)]
         extra.update(
             {
@@ -365,7 +417,8 @@ def verify_seed(seed: Path, private_root: Path) -> None:
     """Verify the seed is read-only for everyone and readable by the query uid (step 6).
 
     Statically: no entry has a write bit; directories are o+rx, files o+r;
-    the private root and every directory down to the seed are o+x. When
+    the private root and every directory down to the seed are o+x (or g+x
+    with the query's group, ``create_private_root`` as root). When
     running as root, also for real: ``find`` as uid 65534 must reach every
     entry through the private root, read it, and find nothing writable.
 
@@ -374,7 +427,9 @@ def verify_seed(seed: Path, private_root: Path) -> None:
     """
     ancestor = seed.parent
     while True:
-        if not os.stat(ancestor).st_mode & 0o001:
+        st = os.stat(ancestor)
+        by_group = st.st_gid == QUERY_UID and st.st_mode & 0o010
+        if not (st.st_mode & 0o001 or by_group):
             raise StagingError(f"{ancestor} is not traversable by the query uid")
         if ancestor == private_root or ancestor == ancestor.parent:
             break
@@ -412,7 +467,8 @@ def verify_seed(seed: Path, private_root: Path) -> None:
 
 
 def _stage_one(
-    spec: SeedSpec, paths: RunPaths, env: Mapping[str, str], token: str | None, progress: bool
+    spec: SeedSpec, paths: RunPaths, env: Mapping[str, str], token: str | None, progress: bool,
+    allow_insecure: bool = False,
 ) -> StagedSeed:
     started = time.monotonic()
     seed_id = secrets.token_hex(16)
@@ -420,7 +476,7 @@ def _stage_one(
     staging = paths.staging_dir
     staging.mkdir(mode=0o700)
     try:
-        _clone(spec, dest, staging, env, token, progress)
+        _clone(spec, dest, staging, env, token, progress, allow_insecure)
         reject_external_references(dest)
         home = staging / "home"
         commit = _git(dest, home, "rev-parse", "--verify", "HEAD^{commit}").strip()
@@ -454,11 +510,13 @@ def stage_seeds(
     *,
     progress: bool | None = None,
     on_staged: Callable[[StagedSeed], None] | None = None,
+    allow_insecure_server: bool = False,
 ) -> list[StagedSeed]:
     """Stage every repository into the (already created) private root.
 
     ``progress`` defaults to "stderr is a terminal" (git shows its progress
     there; otherwise git's stderr is captured for error messages only).
+    ``allow_insecure_server`` admits a plain-http ``GITHUB_SERVER_URL``.
 
     Raises:
         StagingError: the first failure; nothing of the staging HOME or the
@@ -468,7 +526,7 @@ def stage_seeds(
         progress = sys.stderr.isatty()
     staged: list[StagedSeed] = []
     for spec in specs:
-        seed = _stage_one(spec, paths, env, token, progress)
+        seed = _stage_one(spec, paths, env, token, progress, allow_insecure_server)
         staged.append(seed)
         if on_staged is not None:
             on_staged(seed)

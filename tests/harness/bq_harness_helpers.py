@@ -193,6 +193,12 @@ def all_bytes_under(root: Path) -> Iterator[tuple[Path, bytes]]:
 
 HARNESS_TESTS_ROOT = Path(__file__).resolve().parents[2]
 
+#: RunOptions for tests about the run's lifecycle (exit status, signals,
+#: teardown, quota), not about confinement: the agent runs on the host with
+#: the harness's uid, which the harness allows only as a degraded run
+#: (confinement is tested in test_harness_confinement.py).
+HOST_AGENT: dict[str, bool] = {"agent_on_host": True, "unconfined_agent": True}
+
 #: A real harness process (fake broker, an agent that sleeps) that tests kill
 #: mid-run; argv: config, seed source, state base, work dir. Events on stdout.
 KILLABLE_HARNESS = r"""
@@ -211,6 +217,8 @@ options = RunOptions(
     base=Path(base),
     broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
     probe_runtime=False,
+    agent_on_host=True,
+    unconfined_agent=True,
 )
 trio.run(run, options, EventSink(sys.stdout),
          {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
@@ -336,6 +344,7 @@ async def run_with_fake_broker(
         base=base,
         broker_command=FAKE_BROKER,
         probe_runtime=False,
+        **HOST_AGENT,
     )
     stream = io.StringIO()
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}

@@ -39,6 +39,7 @@ from bounded_query.harness.run import RunOptions, run
 from bounded_query.harness.summary import render_summary, usage_from_state
 
 from tests.harness.bq_harness_helpers import (
+    HOST_AGENT,
     cmdlines,
     killable_harness,
     live_pids_with,
@@ -304,6 +305,7 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
             seed_sources={"octo/alpha": source},
             workspace=tmp_path,
             base=base,
+            **HOST_AGENT,
         )
         status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
         assert mounts_under(base) == []

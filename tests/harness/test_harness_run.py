@@ -24,7 +24,13 @@ import trio
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.run import RunOptions, run
 
-from tests.harness.bq_harness_helpers import FAKE_BROKER, cmdlines, make_repo, var_tmp_base
+from tests.harness.bq_harness_helpers import (
+    FAKE_BROKER,
+    HOST_AGENT,
+    cmdlines,
+    make_repo,
+    var_tmp_base,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +115,7 @@ def options(setup, config: Path, agent: tuple[str, ...], **extra) -> RunOptions:
         base=setup["base"],
         broker_command=FAKE_BROKER,
         probe_runtime=False,
-        **extra,
+        **{**HOST_AGENT, **extra},
     )
 
 
@@ -348,6 +354,8 @@ options = RunOptions(
     base=Path(base),
     broker_command=(sys.executable, "-m", "tests.fakes.broker_main"),
     probe_runtime=False,
+    agent_on_host=True,
+    unconfined_agent=True,
 )
 sys.exit(trio.run(run, options, EventSink()))
 """

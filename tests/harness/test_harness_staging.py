@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from bounded_query.harness.paths import run_paths
 from bounded_query.harness.staging import (
     SeedSpec,
     StagingError,
+    askpass_script,
     create_private_root,
     make_read_only,
     reject_external_references,
@@ -62,7 +64,8 @@ def test_stage_over_http_with_askpass_leaves_no_token(tmp_path, paths, capfd):
     with GitHttpServer(project_root, token) as server:
         env["GITHUB_SERVER_URL"] = server.url + "/"
         seeds = stage_seeds(
-            [SeedSpec(PrivateRepo("octo/alpha", "confidential"))], paths, env, token, progress=False
+            [SeedSpec(PrivateRepo("octo/alpha", "confidential"))], paths, env, token,
+            progress=False, allow_insecure_server=True,
         )
     # The askpass path really ran: git retried with credentials after a 401.
     assert any(not ok for _m, _p, ok in server.requests)
@@ -98,7 +101,12 @@ def test_stage_over_http_with_askpass_leaves_no_token(tmp_path, paths, capfd):
     assert stat.S_IMODE(seed.path.stat().st_mode) == 0o555
     assert stat.S_IMODE((seed.path / "README.md").stat().st_mode) == 0o444
     assert stat.S_IMODE((seed.path / "bin" / "tool").stat().st_mode) == 0o555
-    assert stat.S_IMODE(paths.private_root.stat().st_mode) == 0o711
+    if os.geteuid() == 0:  # only the query's group may traverse (issue 8)
+        assert stat.S_IMODE(paths.private_root.stat().st_mode) == 0o710
+        assert paths.private_root.stat().st_gid == 65534
+        assert stat.S_IMODE(paths.seeds_dir.stat().st_mode) == 0o710
+    else:
+        assert stat.S_IMODE(paths.private_root.stat().st_mode) == 0o711
 
 
 def test_scrub_removes_every_external_reference_from_a_dirty_checkout(tmp_path):
@@ -152,7 +160,8 @@ def test_wrong_token_fails_without_leaking_it(tmp_path, paths):
         env = {"GITHUB_SERVER_URL": server.url}
         with pytest.raises(StagingError) as info:
             stage_seeds(
-                [SeedSpec(PrivateRepo("octo/alpha", "internal"))], paths, env, wrong, progress=False
+                [SeedSpec(PrivateRepo("octo/alpha", "internal"))], paths, env, wrong,
+                progress=False, allow_insecure_server=True,
             )
     assert wrong not in str(info.value)
     assert str(info.value).startswith("octo/alpha: clone failed")
@@ -275,6 +284,56 @@ def test_remove_tree_handles_read_only_trees(paths):
 def test_server_url_rejects_unsafe_values(url):
     with pytest.raises(StagingError):
         server_url({"GITHUB_SERVER_URL": url})
+
+
+def test_server_url_refuses_plain_http_unless_the_operator_allows_it():
+    env = {"GITHUB_SERVER_URL": "http://127.0.0.1:8080"}
+    with pytest.raises(StagingError, match="not https"):
+        server_url(env)
+    assert server_url(env, allow_insecure=True) == "http://127.0.0.1:8080"
+    with pytest.raises(StagingError):
+        server_url({"GITHUB_SERVER_URL": "https://h'o/x"}, allow_insecure=True)
+
+
+def test_plain_http_repository_is_refused_before_any_clone(tmp_path, paths):
+    with pytest.raises(StagingError, match="not https"):
+        stage_seeds([SeedSpec(PrivateRepo("octo/alpha", "internal"))], paths,
+                    {"GITHUB_SERVER_URL": "http://127.0.0.1:9"}, "tok", progress=False)
+    assert not paths.staging_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "answer"),
+    [
+        ("Username for 'https://ghe.example:8443': ", "x-access-token\n"),
+        ("Password for 'https://x-access-token@ghe.example:8443': ", "SECRET\n"),
+        ("Password for 'https://x-access-token@evil.example': ", None),
+        ("Password for 'https://x-access-token@ghe.example': ", None),
+        ("Password for 'http://x-access-token@ghe.example:8443': ", None),
+        ("Password for 'https://someone@ghe.example:8443': ", None),
+        ("Username for 'https://evil.example': ", None),
+        ("Password: ", None),
+        ("", None),
+    ],
+)
+def test_askpass_answers_only_for_the_configured_origin(tmp_path, prompt, answer):
+    helper = tmp_path / "askpass.sh"
+    helper.write_text(askpass_script("https://ghe.example:8443"))
+    helper.chmod(0o700)
+    done = subprocess.run([str(helper), prompt], env={"BQ_STAGING_CREDENTIAL": "SECRET",
+                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False)
+    if answer is None:
+        assert done.returncode != 0
+        assert done.stdout == ""
+    else:
+        assert done.returncode == 0
+        assert done.stdout == answer
+
+
+@pytest.mark.parametrize("origin", ["https://a'b", "https://a b", "https://a*", "ftp://a", "https://"])
+def test_askpass_refuses_an_origin_it_cannot_quote(origin):
+    with pytest.raises(StagingError):
+        askpass_script(origin)
 
 
 def test_server_url_default_and_normalization():
