@@ -1,0 +1,113 @@
+"""``bounded-query-harness report --state DIR``: the summary of a kept run (issue 14 item 3).
+
+Theory of operation: a run's private root holds everything the step summary
+is made of -- the seed map (which repositories, at which sensitivity), the
+broker configuration (the runtime), the journal (charges) and the protected
+audit log (buckets and outcomes). :func:`load_state` reads those four files
+from a private root that a finished run kept or a crashed run left behind
+(a missing or damaged file becomes a note, never an exception), and
+:func:`report_markdown` / :func:`report_document` render the same summary as
+the run itself writes (``summary.py``), as Markdown or as one JSON document
+of type :data:`REPORT_SCHEMA`. Nothing here writes to the state directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .paths import RunPaths
+from .summary import RunUsage, render_summary, usage_from_state
+
+__all__ = ["REPORT_SCHEMA", "KeptState", "load_state", "report_document", "report_markdown"]
+
+#: Record type of ``report --json`` (shipped schema: ``schemas/``).
+REPORT_SCHEMA = "bounded-query-report/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class KeptState:
+    """What a kept private root says about its run."""
+
+    usage: RunUsage
+    runtime: str
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _json_object(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def load_state(private_root: Path) -> KeptState:
+    """Read a run's state from its private root (see the module docstring).
+
+    Raises:
+        FileNotFoundError: ``private_root`` is not a directory (caller's fault).
+    """
+    if not private_root.is_dir():
+        raise FileNotFoundError(f"{private_root} is not a directory")
+    paths = RunPaths(private_root, private_root)
+    notes: list[str] = []
+    seed_map = _json_object(_read(paths.seed_map))
+    repos: list[tuple[str, str]] = []
+    entries = seed_map.get("repos") if seed_map else None
+    if isinstance(entries, list):
+        for entry in entries:
+            if isinstance(entry, dict):
+                repo, sensitivity = entry.get("repo"), entry.get("sensitivity")
+                if isinstance(repo, str) and isinstance(sensitivity, str):
+                    repos.append((repo, sensitivity))
+    else:
+        notes.append("the seed map is missing or unreadable; no repository is listed")
+    broker = _json_object(_read(paths.broker_config))
+    runtime = broker.get("runtime") if broker else None
+    if not isinstance(runtime, str):
+        notes.append("the broker configuration is missing or unreadable; the runtime is unknown")
+        runtime = "unknown"
+    usage = usage_from_state(repos, _read(paths.journal), _read(paths.audit_log))
+    if notes:
+        usage = RunUsage(usage.repos, usage.refused, usage.refusals, (*notes, *usage.notes))
+    return KeptState(usage, runtime)
+
+
+def report_markdown(state: KeptState) -> str:
+    """The step-summary Markdown of a kept run (no exit status is known)."""
+    markdown = render_summary(state.usage, exit_code=-1, runtime=state.runtime)
+    return markdown.replace(", exit -1", ", from the kept state", 1)
+
+
+def report_document(state: KeptState) -> dict[str, Any]:
+    """The machine-readable report (type :data:`REPORT_SCHEMA`)."""
+    return {
+        "_schema": REPORT_SCHEMA,
+        "runtime": state.runtime,
+        "repos": [
+            {
+                "repo": r.repo,
+                "sensitivity": r.sensitivity,
+                "budgetBits": r.budget,
+                "spentBits": r.spent_bits,
+                "invocations": r.invocations,
+                "buckets": {str(ms): n for ms, n in r.buckets.items()},
+                "outcomes": dict(r.outcomes),
+            }
+            for r in state.usage.repos
+        ],
+        "refused": state.usage.refused,
+        "refusals": dict(state.usage.refusals),
+        "notes": list(state.usage.notes),
+    }
