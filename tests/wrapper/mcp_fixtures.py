@@ -168,3 +168,8 @@ def raw_server(
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+        server._reader.join(timeout=READ_TIMEOUT_S)
+        for stream in (server.proc.stdin, server.proc.stdout, server.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
