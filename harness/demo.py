@@ -5,7 +5,10 @@ dates), stages it with ``--seed-source`` as the internal repository
 ``example/widgets`` and as the sealed ``example/vault``, runs the example
 agent (``example/agent.py``: one question per schema kind, the ledger
 draining, a refused over-budget question, a refused sealed question) under
-``run`` with the real broker, and prints the step summary. JSONL events go to
+``run`` with the real broker, confined like any agent: in its own container
+(the built-in agent image, ``.ci/build-images``) with the demo workspace,
+the socket directory and the skill/wrapper directory as its only mounts,
+and prints the step summary. JSONL events go to
 a log file whose path is printed, so the terminal shows the agent's output.
 """
 
@@ -80,11 +83,14 @@ def demo(env: dict[str, str] | None = None) -> int:
         config = EXAMPLE_DIR / "awf-config.yaml"
         workspace = work / "workspace"
         workspace.mkdir()
+        # The agent sees only its workspace: the example agent goes there.
+        shutil.copyfile(EXAMPLE_DIR / "agent.py", workspace / "agent.py")
+        os.chmod(workspace / "agent.py", 0o444)
         summary = work / "summary.md"
         log = Path(tempfile.gettempdir()) / "bounded-query-demo-events.jsonl"
         options = RunOptions(
             config_source=str(config),
-            agent=(sys.executable, str(EXAMPLE_DIR / "agent.py")),
+            agent=("python3", str(workspace / "agent.py")),
             seed_sources={"example/widgets": source, "example/vault": source},
             workspace=workspace,
             broker_log=log,

@@ -548,6 +548,8 @@ async def _prepare(
         ),
     )
     write_agent_side(paths, config)
+    if state.socket_gid is not None:  # the agent connects through its group (0770)
+        os.chown(paths.socket_dir, -1, state.socket_gid, follow_symlinks=False)
     sink.emit("outputs_written", skill=str(paths.skill_file), socket=str(paths.socket_path))
     return True
 
