@@ -35,21 +35,31 @@ Unmounting never blocks teardown: a plain unmount, then a lazy (detached)
 one when something still holds the file system (for example the overlay of
 a container the engine has not finished removing).
 
-The sizing and option string are pure; :func:`mount_tmpfs` and
-:func:`unmount` are thin ``mount(2)``/``umount2(2)`` calls through ctypes
-(no ``mount`` binary, no PATH lookup).
+Per-invocation storage (issue 9): inside this run-wide tmpfs the broker's
+runner mounts a fresh tmpfs of the same size over each invocation's
+workspace (``sandbox/storage.py``), so no inode counter or free-space figure
+is shared between invocations; the run-wide one remains the outer bound (and
+the whole bound when the broker cannot mount). It is made a shared mount so
+the compose broker's ``rshared`` bind of it carries those mounts to the host.
+The sizing, ``mount_tmpfs`` and ``unmount`` live in ``sandbox/storage.py``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
+from bounded_query.sandbox.storage import (
+    BYTES_PER_INODE,
+    MIN_BYTES,
+    TmpfsQuota,
+    make_shared,
+    mount_tmpfs,
+    quota_bytes,
+    tmpfs_quota,
+    unmount,
+)
 
 from .events import EventSink
 
@@ -65,100 +75,16 @@ __all__ = [
     "work_quota_bytes",
 ]
 
-#: Smallest workspace quota: room for the script, the answer file and a
-#: modest amount of repository writes even under a tiny memory limit.
-WORK_QUOTA_MIN_BYTES = 16 * 1024**2
-#: One inode per this many bytes of quota (131072 inodes at 128 MiB): far
-#: more files than a query can fill with data, far fewer than would matter
-#: as kernel memory.
-WORK_QUOTA_BYTES_PER_INODE = 1024
-#: Mode of the tmpfs root, the same as the ``work/`` directory it replaces.
+#: The sizing is the per-invocation storage's (sandbox/storage.py, one source).
+WORK_QUOTA_MIN_BYTES = MIN_BYTES
+WORK_QUOTA_BYTES_PER_INODE = BYTES_PER_INODE
 WORK_QUOTA_MODE = 0o700
-
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
-_MNT_DETACH = 0x2
-#: umount2 errors meaning "nothing mounted there".
-_NOT_MOUNTED = frozenset({errno.EINVAL, errno.ENOENT})
+WorkQuota = TmpfsQuota
+work_quota_bytes = quota_bytes
+work_quota = tmpfs_quota
 #: Upper bound on the unmount at teardown (it is a syscall on a tmpfs: this
 #: only guards against a wedged kernel path, so teardown cannot hang).
 UNMOUNT_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkQuota:
-    """Size and inode count of one workspace tmpfs."""
-
-    size_bytes: int
-    inodes: int
-
-    def __post_init__(self) -> None:
-        if self.size_bytes < WORK_QUOTA_MIN_BYTES or self.inodes < 1:
-            raise ValueError(f"workspace quota too small: {self.size_bytes} bytes")
-
-    @property
-    def options(self) -> str:
-        """The tmpfs mount data string."""
-        return f"size={self.size_bytes},nr_inodes={self.inodes},mode={WORK_QUOTA_MODE:o}"
-
-
-def work_quota_bytes(memory_bytes: int) -> int:
-    """The workspace quota for a query memory limit of ``memory_bytes`` (see module doc)."""
-    return max(WORK_QUOTA_MIN_BYTES, memory_bytes // 2)
-
-
-def work_quota(memory_bytes: int) -> WorkQuota:
-    """Size and inodes of the workspace tmpfs for ``memory_bytes``."""
-    size = work_quota_bytes(memory_bytes)
-    return WorkQuota(size, size // WORK_QUOTA_BYTES_PER_INODE)
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def mount_tmpfs(target: Path, quota: WorkQuota) -> None:
-    """Mount a fresh tmpfs with ``quota`` at the existing directory ``target``.
-
-    Raises:
-        OSError: the mount failed (no privilege, no tmpfs support): the
-            caller continues without a quota, visibly degraded.
-    """
-    libc = _libc()
-    result = libc.mount(
-        b"tmpfs",
-        os.fsencode(target),
-        b"tmpfs",
-        ctypes.c_ulong(_MS_NOSUID | _MS_NODEV),
-        quota.options.encode("ascii"),
-    )
-    if result != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), str(target))
-
-
-def unmount(target: Path) -> str:
-    """Unmount ``target``; return ``"unmounted"``, ``"detached"`` or ``"absent"``.
-
-    A busy file system is detached (lazy unmount): it disappears from the
-    tree at once and is freed when its last user goes.
-
-    Raises:
-        OSError: neither unmount worked (the caller reports it; the mount
-            stays and the private root cannot be removed).
-    """
-    libc = _libc()
-    path = os.fsencode(target)
-    if libc.umount2(path, 0) == 0:
-        return "unmounted"
-    if ctypes.get_errno() in _NOT_MOUNTED:
-        return "absent"
-    if libc.umount2(path, _MNT_DETACH) == 0:
-        return "detached"
-    code = ctypes.get_errno()
-    if code in _NOT_MOUNTED:
-        return "absent"
-    raise OSError(code, os.strerror(code), str(target))
 
 
 async def mount_work_quota(work_dir: Path, memory_bytes: int, sink: EventSink) -> bool:
@@ -186,9 +112,12 @@ async def mount_work_quota(work_dir: Path, memory_bytes: int, sink: EventSink) -
     return False
 
 
-def _make_and_mount(work_dir: Path, quota: WorkQuota) -> None:
+def _make_and_mount(work_dir: Path, quota: TmpfsQuota) -> None:
     os.mkdir(work_dir, WORK_QUOTA_MODE)
     mount_tmpfs(work_dir, quota)
+    # shared, so the compose broker's rshared bind of it propagates the
+    # per-invocation mounts it makes below it to the engine's host
+    make_shared(work_dir)
 
 
 async def unmount_work_quota(work_dir: Path, sink: EventSink) -> None:

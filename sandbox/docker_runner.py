@@ -22,6 +22,7 @@ removal is ``cleanup-failed``. Only a bug in this module raises.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import time
@@ -39,6 +40,7 @@ from bounded_query.broker.runner import (
     RunnerUnavailable,
     RunReport,
 )
+from bounded_query.broker.workspace import read_result_file
 from bounded_query.seccomp import profile_json
 
 from .overlay import (
@@ -57,8 +59,16 @@ from .spec import (
     probe_spec,
     translate_host_path,
 )
+from .storage import mount_tmpfs, tmpfs_quota, unmount
 
-__all__ = ["API_VERSION", "DockerRunner", "RunOptions", "prepare_workspace"]
+__all__ = [
+    "API_VERSION",
+    "DockerRunner",
+    "RunOptions",
+    "prepare_workspace",
+    "private_storage",
+    "release_storage",
+]
 
 #: Engine API version we speak: Docker 20.10 (Debian 12) and every later engine.
 API_VERSION = "1.41"
@@ -137,6 +147,55 @@ def prepare_workspace(invocation: Invocation, *, overlay: bool = False) -> None:
         os.mkdir(invocation.workspace / WORK_DIR_NAME, 0o700)
 
 
+def private_storage(invocation: Invocation, memory_bytes: int) -> bool:
+    """Mount the invocation's own tmpfs over its (empty) workspace; False without privilege.
+
+    See :mod:`.storage`. Returns False (the workspace stays a plain
+    directory, the run's shared storage) only when mounting is not permitted
+    (EPERM); the caller reports that it is not isolated.
+
+    Raises:
+        OSError: the workspace is not empty, or any other mount failure (a
+            local fault).
+    """
+    if os.listdir(invocation.workspace):
+        raise OSError(errno.ENOTEMPTY, "workspace is not empty", str(invocation.workspace))
+    try:
+        mount_tmpfs(invocation.workspace, tmpfs_quota(memory_bytes))
+    except PermissionError:
+        return False
+    return True
+
+
+def release_storage(invocation: Invocation) -> bool:
+    """Keep the answer, unmount the invocation's tmpfs; True when it is gone.
+
+    Call only after every container and volume using it is removed. The
+    result file is read with the broker's own reader (regular file, size
+    cap, O_NOFOLLOW) and, when that accepts it, written again into the empty
+    directory the tmpfs covered; otherwise nothing is written and the broker
+    finds no answer, exactly as it would have on the tmpfs.
+    """
+    answer = read_result_file(invocation.result_path)
+    try:
+        unmount(invocation.workspace)
+    except OSError:
+        return False
+    if answer is not None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(invocation.result_path, flags, 0o600)
+        except OSError:
+            return False
+        try:
+            view = memoryview(answer)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+    return True
+
+
 def _status_code(result: Any) -> int | None:
     if isinstance(result, dict):
         code = result.get("StatusCode")
@@ -180,6 +239,8 @@ class DockerRunner:
         #: CPUs of the engine host (the broker in compose sees them too): the
         #: query cpuset is derived from it (sandbox/cpus.py)
         self.host_cpus = os.cpu_count() or 1
+        #: whether the last invocation had its own tmpfs (None: none ran yet)
+        self.isolated_storage: bool | None = None
 
     def _default_client(self) -> Any:
         import docker  # imported lazily: the pure modules never need it
@@ -263,6 +324,34 @@ class DockerRunner:
         if self.options.materialize == "overlay":
             with clock("view"):
                 view = await self._ensure_view(seed_host)
+        isolated = False
+        try:
+            with clock("storage"):
+                isolated = await trio.to_thread.run_sync(
+                    private_storage, invocation, self.settings.memory_bytes
+                )
+            self.isolated_storage = isolated
+            report = await self._run_in_workspace(invocation, view, seed_host, phases)
+        except OSError:  # the workspace could not be mounted (a local fault)
+            return RunReport("runner-internal", phases)
+        except BaseException:
+            if isolated:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(release_storage, invocation)
+            raise
+        if isolated:
+            with trio.CancelScope(shield=True), clock("remove"):
+                released = await trio.to_thread.run_sync(release_storage, invocation)
+            if not released:
+                return RunReport("cleanup-failed", phases)
+        return report
+
+    async def _run_in_workspace(
+        self, invocation: Invocation, view: str | None, seed_host: str, phases: dict[str, float]
+    ) -> RunReport:
+        """Prepare the (mounted or plain) workspace, run the container, remove it."""
+        clock = _PhaseClock(phases)
+        hmap = self.settings.host_path_map
         try:
             with clock("prepare"):
                 await trio.to_thread.run_sync(

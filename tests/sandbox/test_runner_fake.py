@@ -7,6 +7,7 @@ volume gone before ``run`` returns; cleanup failure is ``cleanup-failed``).
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -36,6 +37,11 @@ class FakeAPI:
         self.images = {"bounded-query-python:latest"}
         self.listed: list[dict[str, str]] = []
         self.prep_exit = 0
+        #: the workspace to look at while the container "runs", and what the
+        #: "script" writes to its result file
+        self.watch: Path | None = None
+        self.answer: bytes | None = None
+        self.seen: dict[str, object] = {}
 
     # containers
     def create_container_from_config(self, body, name):
@@ -49,6 +55,17 @@ class FakeAPI:
 
     def start(self, cid):
         self.calls.append(("start", cid))
+        ws = self.watch
+        if ws is not None and "seed-prep" not in str(self.last_body.get("Labels", {}).values()):
+            self.seen = {
+                "mounted": os.path.ismount(ws),
+                "script": (ws / "script.py").read_bytes(),
+                "script_mode": (ws / "script.py").stat().st_mode & 0o777,
+                "out": (ws / "out").read_bytes(),
+                "names": sorted(os.listdir(ws)),
+            }
+            if self.answer is not None:
+                (ws / "out").write_bytes(self.answer)
 
     def wait(self, cid, timeout=None):
         self.calls.append(("wait", cid))
@@ -127,14 +144,24 @@ def invocation(tmp_path: Path, name="0123abcd") -> Invocation:
 async def test_success_prepares_workspace_and_removes_container(tmp_path):
     runner, api = make()
     inv = invocation(tmp_path)
+    api.watch = inv.workspace
+    api.answer = b'{"x": 1}'
     report = await runner.run(inv)
     assert report.failure is None
-    assert (inv.workspace / "script.py").read_bytes() == b"print(1)"
-    assert (inv.workspace / "script.py").stat().st_mode & 0o777 == 0o444
-    assert (inv.workspace / "out").read_bytes() == b""
+    assert api.seen["script"] == b"print(1)"
+    assert api.seen["script_mode"] == 0o444
+    assert api.seen["out"] == b""
+    # issue 9: the workspace was its own tmpfs while the query ran (as root),
+    # is unmounted afterwards, and only the answer is kept for the broker
+    assert api.seen["mounted"] is (os.geteuid() == 0)
+    assert runner.isolated_storage is (os.geteuid() == 0)
+    assert not inv.workspace.is_mount()
+    assert (inv.workspace / "out").read_bytes() == b'{"x": 1}'
+    if os.geteuid() == 0:
+        assert sorted(os.listdir(inv.workspace)) == ["out"]
     assert [c[0] for c in api.calls] == ["create", "start", "wait", "remove"]
     assert api.containers_alive == set()
-    assert set(report.phases) == {"prepare", "create", "start", "wait", "remove"}
+    assert set(report.phases) == {"storage", "prepare", "create", "start", "wait", "remove"}
 
 
 @pytest.mark.parametrize(
@@ -204,9 +231,23 @@ async def test_existing_workspace_files_are_a_runner_fault(tmp_path):
     assert api.calls == []  # nothing launched
 
 
+async def test_a_bad_answer_is_not_kept(tmp_path):
+    runner, api = make()
+    inv = invocation(tmp_path)
+    api.watch = inv.workspace
+    api.answer = b"x" * 9000  # over the 8 KiB cap: the broker must find nothing
+    report = await runner.run(inv)
+    assert report.failure is None
+    assert not (inv.workspace / "out").exists()
+    assert not inv.workspace.is_mount()
+
+
 async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp_path):
     runner, api = make(materialize="overlay")
+    api.watch = tmp_path / "01"
     first = await runner.run(invocation(tmp_path, "01"))
+    assert {"upper", "work", "script.py", "out"} <= set(api.seen["names"])
+    api.watch = None
     second = await runner.run(invocation(tmp_path, "02"))
     assert first.failure is None
     assert second.failure is None
@@ -217,8 +258,10 @@ async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp
         n for n in api.volumes_alive if n.endswith("-view")
     ]
     assert len(api.volumes_alive) == 1
-    assert (tmp_path / "01" / "upper").is_dir()
-    assert (tmp_path / "01" / "work").is_dir()
+    if os.geteuid() != 0:  # as root they lived on the invocation's own tmpfs
+        assert (tmp_path / "01" / "upper").is_dir()
+        assert (tmp_path / "01" / "work").is_dir()
+    assert not (tmp_path / "01").is_mount()
     mounts = api.last_body["HostConfig"]["Mounts"]
     assert mounts[0]["Type"] == "volume"
     assert mounts[0]["Target"] == "/query/repo"

@@ -1,0 +1,162 @@
+"""Per-invocation storage: a fresh tmpfs for every query's workspace (issue 9 part 1).
+
+Theory of operation: a file system hands out inode numbers from a counter of
+its own and reports its own free blocks and inodes. When every invocation's
+writable layer lived on one run-wide tmpfs, a query that created N files
+moved the inode number the next query's ``/query/out`` got by N: bits carried
+from a metered query into a later (possibly unmetered ``public``) one. So the
+runner mounts a fresh tmpfs over the invocation's workspace directory before
+it writes anything there, and unmounts it after the container and the
+overlay volume are gone. The workspace then holds, on that tmpfs alone, the
+script, the result file and the overlay's upper and work directories: every
+file system a query can write or stat is its own (``/tmp``, ``/dev/shm``
+and ``/query`` are per-container tmpfs mounts of the engine), and the broker
+creates the same few entries in the same order every time, so the inode
+numbers, free-block and free-inode figures a query starts with are the same
+for every invocation.
+
+Size (DESIGN.md decision 3): half the query memory limit, at least
+:data:`MIN_BYTES`. Tmpfs pages a query writes are charged to its memory
+cgroup and cannot be reclaimed (no swap), so a quota at or above the memory
+limit is never reached -- the query would be OOM-killed instead of seeing
+ENOSPC. Half leaves the other half to its processes. One inode per
+:data:`BYTES_PER_INODE` bytes bounds the kernel memory empty files can pin.
+
+Who mounts: the broker, with ``mount(2)`` (it runs as root on the host, or
+as root with CAP_SYS_ADMIN in the compose service, whose view of the
+workspaces directory is an ``rshared`` bind so the mount propagates to the
+engine's host). Without the privilege (EPERM) the workspace stays a plain
+directory on the run-wide quota: the inode counter channel is then open and
+``harness/channel_policy.py`` treats storage as shared.
+
+The result file is read (with the broker's own safe reader) before the
+unmount and, when it is a small regular file, written again into the now
+empty directory underneath, so :attr:`Invocation.result_path` keeps its
+meaning for the broker.
+
+The sizing is pure; :func:`mount_tmpfs` and :func:`unmount` are thin
+``mount(2)``/``umount2(2)`` calls through ctypes (no ``mount`` binary, no
+PATH lookup).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "BYTES_PER_INODE",
+    "MIN_BYTES",
+    "TmpfsQuota",
+    "make_shared",
+    "mount_tmpfs",
+    "quota_bytes",
+    "tmpfs_quota",
+    "unmount",
+]
+
+#: Smallest quota: room for the script, the answer file and a modest amount
+#: of repository writes even under a tiny memory limit.
+MIN_BYTES = 16 * 1024**2
+#: One inode per this many bytes of quota (131072 inodes at 128 MiB): far
+#: more files than a query can fill with data, far fewer than would matter
+#: as kernel memory.
+BYTES_PER_INODE = 1024
+#: Mode of the tmpfs root, the same as the 0700 directory it covers.
+MODE = 0o700
+
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_SHARED = 1 << 20
+_MNT_DETACH = 0x2
+#: umount2 errors meaning "nothing mounted there".
+_NOT_MOUNTED = frozenset({errno.EINVAL, errno.ENOENT})
+
+
+@dataclass(frozen=True, slots=True)
+class TmpfsQuota:
+    """Size and inode count of one tmpfs."""
+
+    size_bytes: int
+    inodes: int
+
+    def __post_init__(self) -> None:
+        if self.size_bytes < MIN_BYTES or self.inodes < 1:
+            raise ValueError(f"workspace quota too small: {self.size_bytes} bytes")
+
+    @property
+    def options(self) -> str:
+        """The tmpfs mount data string."""
+        return f"size={self.size_bytes},nr_inodes={self.inodes},mode={MODE:o}"
+
+
+def quota_bytes(memory_bytes: int) -> int:
+    """The quota for a query memory limit of ``memory_bytes`` (see module doc)."""
+    return max(MIN_BYTES, memory_bytes // 2)
+
+
+def tmpfs_quota(memory_bytes: int) -> TmpfsQuota:
+    """Size and inodes of a workspace tmpfs for ``memory_bytes``."""
+    size = quota_bytes(memory_bytes)
+    return TmpfsQuota(size, size // BYTES_PER_INODE)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _raise(target: Path) -> None:
+    code = ctypes.get_errno()
+    raise OSError(code, os.strerror(code), str(target))
+
+
+def mount_tmpfs(target: Path, quota: TmpfsQuota) -> None:
+    """Mount a fresh tmpfs with ``quota`` at the existing directory ``target``.
+
+    Raises:
+        OSError: the mount failed (EPERM: no privilege).
+    """
+    libc = _libc()
+    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
+    if libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, quota.options.encode()) != 0:
+        _raise(target)
+
+
+def make_shared(target: Path) -> None:
+    """Make the mount at ``target`` a shared mount (its own peer group).
+
+    Lets a container that binds it with ``rshared`` propagation (the compose
+    broker) make mounts below it that the host, and so the engine, sees.
+
+    Raises:
+        OSError: the call failed.
+    """
+    if _libc().mount(None, os.fsencode(target), None, ctypes.c_ulong(_MS_SHARED), None) != 0:
+        _raise(target)
+
+
+def unmount(target: Path) -> str:
+    """Unmount ``target``; return ``"unmounted"``, ``"detached"`` or ``"absent"``.
+
+    A busy file system is detached (lazy unmount): it disappears from the
+    tree at once and is freed when its last user goes.
+
+    Raises:
+        OSError: neither unmount worked.
+    """
+    libc = _libc()
+    path = os.fsencode(target)
+    if libc.umount2(path, 0) == 0:
+        return "unmounted"
+    if ctypes.get_errno() in _NOT_MOUNTED:
+        return "absent"
+    if libc.umount2(path, _MNT_DETACH) == 0:
+        return "detached"
+    if ctypes.get_errno() in _NOT_MOUNTED:
+        return "absent"
+    _raise(target)
+    raise AssertionError("unreachable")  # pragma: no cover
