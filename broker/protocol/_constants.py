@@ -35,7 +35,8 @@ __all__ = [
 
 # --- 14.3 structural bounds of the finite schema DSL -------------------------
 
-#: Max nesting depth of schema nodes; the root node is at depth 1.
+#: Max depth of a schema node; the root node is at depth 0, so seven levels of
+#: nodes are allowed (six nested containers and a leaf), as in the reference.
 MAX_SCHEMA_DEPTH = 6
 #: Max total number of schema nodes (every const/boolean/.../union counts one).
 MAX_SCHEMA_NODES = 64
@@ -45,9 +46,9 @@ MAX_SCHEMA_NODES = 64
 MAX_SCHEMA_BYTES = 4096
 #: Max values of one enum node.
 MAX_ENUM_VALUES = 4096
-#: Max fields of one object node.
+#: Max fields of one object node (at least one is required).
 MAX_OBJECT_FIELDS = 16
-#: Max items of one tuple node.
+#: Max items of one tuple node (at least one is required).
 MAX_TUPLE_ITEMS = 16
 #: Max length of an array node (the length is fixed; 0 is allowed).
 MAX_ARRAY_LENGTH = 64
@@ -86,10 +87,12 @@ SATURATED = SATURATION_LIMIT + 1
 #: before it is parsed.
 MAX_RESULT_BYTES = 8192
 #: Max container nesting of a parsed result or schema document. A conforming
-#: result nests at most MAX_SCHEMA_DEPTH containers (every node, a union's
-#: ``{"tag":..,"value":..}`` wrapper included, adds at most one); a schema
-#: document nests at most 2 * MAX_SCHEMA_DEPTH. 32 leaves room and keeps the
-#: recursive parser far from Python's recursion limit.
+#: result nests at most MAX_SCHEMA_DEPTH containers (only the six levels above
+#: the leaves can be containers; each, a union's ``{"tag":..,"value":..}``
+#: wrapper included, adds one); a schema document nests at most
+#: 2 * MAX_SCHEMA_DEPTH + 2 (a container node and its fields/items per level,
+#: then a leaf enum and its values). 32 leaves room and keeps the recursive
+#: parser far from Python's recursion limit.
 MAX_OUTPUT_DEPTH = 32
 #: Max characters of an ``X-AWF-Schema-B64`` header: canonical unpadded
 #: base64url of MAX_SCHEMA_BYTES bytes (checked before decoding).

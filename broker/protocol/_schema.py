@@ -14,15 +14,22 @@ saturating at :data:`SATURATED` (2**1024 + 1) as soon as a product, power or
 sum would exceed 2**1024; a power is tested with bit-length arithmetic before
 it is computed, so nested maximum-length arrays never build a huge number.
 
-Decisions (kept deliberately, DESIGN.md decision 6 and the protocol brief):
+Rules where the reference implementation is the arbiter (DESIGN.md decision 6,
+"Everywhere else, match the reference exactly"; issue 10):
 
-* the root node is at depth 1; a node deeper than MAX_SCHEMA_DEPTH is refused;
-* an enum needs at least one value and a union at least one variant
-  (cardinality 0 is not a finite question); object and tuple may be empty
-  (cardinality 1); array ``length`` is 0..64 (length 0 has cardinality 1);
+* the root node is at depth 0 and a node deeper than MAX_SCHEMA_DEPTH (6) is
+  refused: seven levels of nodes, i.e. six nested containers and a leaf;
+* an enum needs at least one value, a union at least one variant, an object
+  at least one field and a tuple at least one item: an empty container is
+  refused with its location, like an empty enum (a constant answer is
+  written ``const``); array ``length`` is 0..64 (length 0 has cardinality 1);
+
+Deliberate strict-side deviations from the reference (DESIGN.md decision 6):
 * integer bounds and integer literals are plain safe integers: Python ``int``
   (never ``bool``, ``float`` or a :class:`NumberToken`) with
-  ``|n| <= 2**53 - 1``, and ``minimum <= maximum``;
+  ``|n| <= 2**53 - 1``, and ``minimum <= maximum``; the strict parser reads
+  the integer token ``-0`` as the int 0 (as the reference does), while
+  ``-0.0``, ``-0e0``, ``1.0`` and ``1e0`` stay number tokens and are refused;
 * literal strings are valid Unicode (no lone surrogates), at most 64 UTF-8
   bytes, with no C0, DEL or C1 control character;
 * field names and union tags fullmatch ``[A-Za-z][A-Za-z0-9_]{0,63}``;
@@ -255,7 +262,7 @@ class _Walk:
         self.literal_bytes = 0
 
     def node(self, obj: object, where: str, depth: int) -> tuple[Node, int, str]:
-        """Parse one node; return it, its cardinality and its canonical JSON."""
+        """Parse one node at ``depth`` (the root is 0); return it, its cardinality, its JSON."""
         if depth > MAX_SCHEMA_DEPTH:
             raise SchemaError(f"{where}: nesting deeper than {MAX_SCHEMA_DEPTH}")
         self.nodes += 1
@@ -357,9 +364,8 @@ class _Walk:
             raise SchemaError(f"{where}: must be an object")
         is_union = what == "variants"
         limit = MAX_UNION_VARIANTS if is_union else MAX_OBJECT_FIELDS
-        low = 1 if is_union else 0
-        if not low <= len(obj) <= limit:
-            raise SchemaError(f"{where}: must have {low} to {limit} {what}")
+        if not 1 <= len(obj) <= limit:
+            raise SchemaError(f"{where}: must have 1 to {limit} {what}")
         pairs: list[tuple[str, Node]] = []
         texts: list[str] = []
         card = 0 if is_union else 1
@@ -379,8 +385,8 @@ class _Walk:
     def tuple_(self, items: object, where: str, depth: int) -> tuple[Node, int, str]:
         if not isinstance(items, list):
             raise SchemaError(f"{where}.items: must be an array")
-        if len(items) > MAX_TUPLE_ITEMS:
-            raise SchemaError(f"{where}.items: must have at most {MAX_TUPLE_ITEMS} items")
+        if not 1 <= len(items) <= MAX_TUPLE_ITEMS:
+            raise SchemaError(f"{where}.items: must have 1 to {MAX_TUPLE_ITEMS} items")
         nodes: list[Node] = []
         texts: list[str] = []
         card = 1
@@ -498,7 +504,7 @@ def parse_schema(obj: object) -> Schema:
             (``schema``, ``schema.fields.count``, ``schema.items[2]``, ...).
     """
     walk = _Walk()
-    root, card, text = walk.node(obj, "schema", 1)
+    root, card, text = walk.node(obj, "schema", 0)
     size = len(text.encode("utf-8"))
     if size > MAX_SCHEMA_BYTES:
         raise SchemaError(f"schema: serialized schema is {size} bytes (max {MAX_SCHEMA_BYTES})")

@@ -15,11 +15,13 @@ unescaped control characters, lone or mis-ordered UTF-16 surrogate escapes,
 ``max_depth`` and inputs larger than ``max_bytes``.
 
 Numbers: a plain integer token of at most 16 digits (every safe integer has
-at most 16) becomes an ``int``; every other number token (a fraction, an
-exponent, ``-0``, or more digits) becomes a :class:`NumberToken` carrying its
-text. It is well-formed JSON, but it is never an integer of the finite DSL
-(DESIGN.md decision 6), so validators reject it; ``int()`` is never called on
-more than 16 digits and no float is ever built.
+at most 16) becomes an ``int``; ``-0`` is such a token (RFC 8259's grammar
+makes it an integer) and becomes the int 0, as in the reference, so it
+canonicalizes to ``0``. Every other number token (a fraction or an exponent,
+``-0.0`` and ``-0e0`` included, or more digits) becomes a :class:`NumberToken`
+carrying its text. It is well-formed JSON, but it is never an integer of the
+finite DSL (DESIGN.md decision 6), so validators reject it; ``int()`` is
+never called on more than 16 digits and no float is ever built.
 """
 
 from __future__ import annotations
@@ -214,9 +216,9 @@ class _Parser:
 
 
 def _number(m: re.Match[str]) -> object:
-    """An ``int`` for a plain integer token of at most 16 digits, else a NumberToken."""
+    """An ``int`` for a plain integer token of at most 16 digits (``-0`` is 0), else a token."""
     text = m.group()
-    if m.lastindex is not None or text == "-0":  # a fraction or an exponent
+    if m.lastindex is not None:  # a fraction or an exponent
         return NumberToken(text)
     if len(text) - (text[0] == "-") > _MAX_INT_DIGITS:
         return NumberToken(text)

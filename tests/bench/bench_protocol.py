@@ -59,7 +59,7 @@ def worst_case_schema() -> dict[str, object]:
         "minimum": -MAX_SAFE_INTEGER,
         "maximum": MAX_SAFE_INTEGER,
     }
-    for _ in range(MAX_SCHEMA_DEPTH - 1):
+    for _ in range(MAX_SCHEMA_DEPTH):  # the root is depth 0: six arrays, then the leaf
         node = {"type": "array", "items": node, "length": MAX_ARRAY_LENGTH}
     return node
 

@@ -49,7 +49,11 @@ _SCHEMA_SEEDS = [
     '{"type":"tuple","items":[' + _BOOL + ',{"type":"const","value":1}]}',
     '{"type":"array","items":{"type":"array","items":' + _BOOL + ',"length":64},"length":64}',
     '{"type":"union","variants":{"x":' + _BOOL + ',"y":{"type":"enum","values":["q"]}}}',
+    # Refused since issue 10 (an empty object); kept as a near miss to mutate.
     '{"type":"object","fields":{}}',
+    '{"type":"integer","minimum":-0,"maximum":0}',
+    # Seven levels: the root is depth 0, the boolean at depth 6 (the deepest allowed).
+    '{"type":"array","items":' * 6 + _BOOL + ',"length":1}' * 6,
 ]
 _JSON_SEEDS = [
     "0",
@@ -91,6 +95,8 @@ _DICT_TOKENS = [
     "9007199254740992",
     "1e0",
     "-0",
+    "-0.0",
+    "-0e0",
     "1.0",
     "64",
     "65",
@@ -131,14 +137,14 @@ def _seeds(target: str) -> list[bytes]:
             (3, '{"t":[null],"s":"y","n":7}'),
             (4, "[true,false,true]"),
             (5, '{"tag":"b","value":[2,1]}'),
-            (6, "{}"),
+            (6, '{"tag":"u","value":[{"o":[{"tag":"v","value":[-0]},{"tag":"v","value":[1]}]}]}'),
             (7, "[" + ",".join(['{"tag":"x","value":true}'] * 64) + "]"),
         ]
         seeds = [bytes([i]) + text.encode() for i, text in outputs]
         seeds.append(b"\xff" + _SCHEMA_SEEDS[7].encode() + b'\x00{"b":3,"a":false}')
         return seeds
     frames = []
-    for schema in _SCHEMA_SEEDS[:6]:
+    for schema in [*_SCHEMA_SEEDS[:6], _SCHEMA_SEEDS[-1]]:
         frames.append(
             b"POST /query\nHost:localhost\nX-AWF-Query-Version:2\nX-AWF-Repo:octo/alpha\nS:"
             + schema.encode()

@@ -5,7 +5,8 @@ is 0xFF) the bytes up to the first NUL are a schema document of its own;
 the rest is the query output. Allowed outcome: a canonical string or None
 (check_output never raises on bad bytes; SchemaError only from the embedded
 schema). Invariants: the canonical text is a fixed point, never longer than
-the raw output, and equals the stdlib's compact spelling of the same value.
+the raw output, and equals the stdlib's compact spelling of the same value
+(so ``-0`` comes out as ``0``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,37 @@ _SCHEMAS = [
                 "b": {"type": "array", "items": {"type": "enum", "values": [1, 2]}, "length": 2},
             },
         },
-        {"type": "object", "fields": {}},
+        # The deepest nesting allowed: the root is depth 0, the leaf at depth 6.
+        {
+            "type": "union",
+            "variants": {
+                "u": {
+                    "type": "tuple",
+                    "items": [
+                        {
+                            "type": "object",
+                            "fields": {
+                                "o": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "union",
+                                        "variants": {
+                                            "v": {
+                                                "type": "tuple",
+                                                "items": [
+                                                    {"type": "integer", "minimum": -1, "maximum": 1}
+                                                ],
+                                            }
+                                        },
+                                    },
+                                    "length": 2,
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+        },
         {
             "type": "array",
             "items": {"type": "union", "variants": {"x": {"type": "enum", "values": [True]}}},

@@ -27,6 +27,7 @@ from typing import Any
 from bounded_query.broker.protocol import (
     MAX_LITERAL_STRING_BYTES,
     MAX_SAFE_INTEGER,
+    MAX_SCHEMA_DEPTH,
     SchemaError,
     parse_schema,
 )
@@ -104,14 +105,18 @@ def _leaves(max_enum: int, max_int_width: int | None) -> st.SearchStrategy[JSON]
 def _nodes(
     depth: int, max_depth: int, width: int, max_len: int, leaves: st.SearchStrategy[JSON]
 ) -> st.SearchStrategy[JSON]:
+    """A node at ``depth`` (the root is 0, as in spec 14.3); only leaves at ``max_depth``."""
     if depth >= max_depth:
         return leaves
     child = _nodes(depth + 1, max_depth, width, max_len, leaves)
-    named = st.dictionaries(names, child, max_size=width)
+    # Objects and tuples need at least one field/item, unions one variant.
+    named = st.dictionaries(names, child, min_size=1, max_size=width)
     return st.one_of(
         leaves,
         st.builds(lambda f: {"type": "object", "fields": f}, named),
-        st.builds(lambda i: {"type": "tuple", "items": i}, st.lists(child, max_size=width)),
+        st.builds(
+            lambda i: {"type": "tuple", "items": i}, st.lists(child, min_size=1, max_size=width)
+        ),
         st.builds(
             lambda i, n: {"type": "array", "items": i, "length": n},
             child,
@@ -119,14 +124,19 @@ def _nodes(
         ),
         st.builds(
             lambda v: {"type": "union", "variants": v},
-            st.dictionaries(names, child, min_size=1, max_size=width),
+            named,
         ),
     )
 
 
-def schema_objs(max_depth: int = 6, width: int = 3, max_len: int = 64) -> st.SearchStrategy[JSON]:
-    """Schema documents; most, not all, satisfy the node and byte bounds."""
-    return _nodes(1, max_depth, width, max_len, _leaves(6, None))
+def schema_objs(
+    max_depth: int = MAX_SCHEMA_DEPTH, width: int = 3, max_len: int = 64
+) -> st.SearchStrategy[JSON]:
+    """Schema documents whose deepest node is at ``max_depth`` at most (the root is 0).
+
+    Most, not all, satisfy the node and byte bounds.
+    """
+    return _nodes(0, max_depth, width, max_len, _leaves(6, None))
 
 
 def _parses(obj: JSON) -> bool:
@@ -138,7 +148,7 @@ def _parses(obj: JSON) -> bool:
 
 
 def valid_schema_objs(
-    max_depth: int = 6, width: int = 3, max_len: int = 64
+    max_depth: int = MAX_SCHEMA_DEPTH, width: int = 3, max_len: int = 64
 ) -> st.SearchStrategy[JSON]:
     """Schema documents that ``parse_schema`` accepts."""
     return schema_objs(max_depth, width, max_len).filter(_parses)
@@ -146,7 +156,7 @@ def valid_schema_objs(
 
 def small_schema_objs() -> st.SearchStrategy[JSON]:
     """Schemas whose values can be enumerated (cardinality stays small)."""
-    return _nodes(1, 4, 2, 3, _leaves(3, 3))
+    return _nodes(0, 3, 2, 3, _leaves(3, 3))
 
 
 def values_for(schema: JSON) -> st.SearchStrategy[JSON]:

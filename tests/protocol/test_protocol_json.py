@@ -27,6 +27,8 @@ def rejects(raw: bytes) -> str:
         (b"false", False),
         (b"null", None),
         (b"0", 0),
+        (b"-0", 0),  # RFC 8259 integer token: the int 0, as in the reference (issue 10)
+        (b"[-0]", [0]),
         (b"-1", -1),
         (b"9007199254740991", 9007199254740991),
         (b"-9007199254740991", -9007199254740991),
@@ -55,8 +57,9 @@ def test_accepts(raw: bytes, expected: object) -> None:
         (b"1.0", "1.0"),
         (b"1e0", "1e0"),
         (b"1E+2", "1E+2"),
-        (b"-0", "-0"),
         (b"-0.0", "-0.0"),
+        (b"-0e0", "-0e0"),
+        (b"-0E-0", "-0E-0"),
         (b"0.5e-3", "0.5e-3"),
         (b"10000000000000000", "10000000000000000"),  # 17 digits
         (b"-" + b"9" * 5000, "-" + "9" * 5000),  # int() would refuse > 4300 digits
@@ -80,6 +83,8 @@ def test_non_integer_numbers_are_tokens(raw: bytes, token: str) -> None:
         b"+1",
         b"01",
         b"-01",
+        b"-00",
+        b"- 0",
         b"1.",
         b".5",
         b"1e",

@@ -71,9 +71,9 @@ def union(**variants: object) -> dict[str, object]:
 
 
 def nest(depth: int) -> dict[str, object]:
-    """A chain of ``depth`` nodes: arrays of length 1 around a boolean."""
+    """Arrays of length 1 around a boolean that sits at ``depth`` (the root is depth 0)."""
     node: dict[str, object] = BOOL
-    for _ in range(depth - 1):
+    for _ in range(depth):
         node = array(node, 1)
     return node
 
@@ -111,9 +111,9 @@ def test_spec_constants() -> None:
         (integer(0, 9), 10),
         (integer(-5, -5), 1),
         (integer(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER), 2 * MAX_SAFE_INTEGER + 1),
-        (obj(), 1),
         (obj(a=BOOL, b=integer(1, 3)), 6),
-        (tup(), 1),
+        (obj(a=const(None)), 1),
+        (tup(const("x")), 1),
         (tup(BOOL, BOOL, enum(1, 2, 3)), 12),
         (array(BOOL, 0), 1),
         (array(BOOL, 10), 1024),
@@ -201,7 +201,7 @@ def test_union_sum_saturates() -> None:
 
 def test_worst_case_nested_arrays_do_not_build_huge_numbers() -> None:
     node: object = integer(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
-    for _ in range(MAX_SCHEMA_DEPTH - 1):
+    for _ in range(MAX_SCHEMA_DEPTH):  # six arrays around the leaf: the deepest allowed
         node = array(node, MAX_ARRAY_LENGTH)
     parsed = parse_schema(node)
     assert cardinality(parsed) == SATURATED
@@ -212,15 +212,17 @@ def test_worst_case_nested_arrays_do_not_build_huge_numbers() -> None:
 
 
 def test_depth_limit() -> None:
+    # The root is depth 0: a leaf at depth 6 (seven levels) is the deepest allowed.
     assert cardinality(parse_schema(nest(MAX_SCHEMA_DEPTH))) == 2
     assert error_of(nest(MAX_SCHEMA_DEPTH + 1)).endswith("nesting deeper than 6")
 
 
 def test_depth_error_names_location() -> None:
-    message = error_of(obj(a=obj(b=obj(c=obj(d=obj(e=obj(f=BOOL)))))))
-    assert (
-        message
-        == "schema.fields.a.fields.b.fields.c.fields.d.fields.e.fields.f: nesting deeper than 6"
+    assert parse_schema(obj(a=obj(b=obj(c=obj(d=obj(e=obj(f=BOOL)))))))
+    message = error_of(obj(a=obj(b=obj(c=obj(d=obj(e=obj(f=obj(g=BOOL))))))))
+    assert message == (
+        "schema.fields.a.fields.b.fields.c.fields.d.fields.e.fields.f.fields.g:"
+        " nesting deeper than 6"
     )
 
 
@@ -293,8 +295,8 @@ def test_size_counts_utf8_bytes_not_characters() -> None:
 @pytest.mark.parametrize(
     ("make", "limit", "message"),
     [
-        (lambda n: obj(**{f"f{i}": BOOL for i in range(n)}), MAX_OBJECT_FIELDS, "0 to 16 fields"),
-        (lambda n: tup(*[BOOL] * n), MAX_TUPLE_ITEMS, "at most 16 items"),
+        (lambda n: obj(**{f"f{i}": BOOL for i in range(n)}), MAX_OBJECT_FIELDS, "1 to 16 fields"),
+        (lambda n: tup(*[BOOL] * n), MAX_TUPLE_ITEMS, "1 to 16 items"),
         (
             lambda n: union(**{f"v{i}": BOOL for i in range(n)}),
             MAX_UNION_VARIANTS,
@@ -311,6 +313,63 @@ def test_width_limits(make, limit: int, message: str) -> None:
 def test_union_needs_a_variant_and_enum_a_value() -> None:
     assert error_of(union()) == "schema.variants: must have 1 to 16 variants"
     assert error_of(enum()) == "schema.values: must have 1 to 4096 values"
+
+
+def test_empty_object_and_tuple_are_refused_with_their_location() -> None:
+    # As the reference does (issue 10): a constant answer is written ``const``.
+    assert error_of(obj()) == "schema.fields: must have 1 to 16 fields"
+    assert error_of(tup()) == "schema.items: must have 1 to 16 items"
+    assert error_of(obj(a=BOOL, b=tup())) == "schema.fields.b.items: must have 1 to 16 items"
+    assert error_of(tup(BOOL, obj())) == "schema.items[1].fields: must have 1 to 16 fields"
+    assert error_of(array(obj(), 3)) == "schema.items.fields: must have 1 to 16 fields"
+    assert error_of(union(x=tup())) == "schema.variants.x.items: must have 1 to 16 items"
+    # The smallest non-empty ones, and the empty array, stay valid.
+    assert cardinality(parse_schema(obj(a=BOOL))) == 2
+    assert cardinality(parse_schema(tup(BOOL))) == 2
+    assert cardinality(parse_schema(array(BOOL, 0))) == 1
+
+
+def _wrap(kind: str, inner: object) -> dict[str, object]:
+    """One container of ``kind`` around ``inner``."""
+    if kind == "array":
+        return array(inner, 2)
+    if kind == "object":
+        return obj(k=inner)
+    if kind == "tuple":
+        return tup(inner)
+    return union(v=inner)
+
+
+_LOCATION_STEP = {
+    "array": ".items",
+    "object": ".fields.k",
+    "tuple": ".items[0]",
+    "union": ".variants.v",
+}
+
+
+@pytest.mark.parametrize("kind", ["array", "object", "tuple", "union"])
+@pytest.mark.parametrize("leaf", [BOOL, const(-1), enum("a", "b"), integer(0, 2)])
+def test_seven_levels_accepted_eight_refused_per_container_kind(kind: str, leaf: object) -> None:
+    node: object = leaf
+    for _ in range(MAX_SCHEMA_DEPTH):  # six containers: the leaf is at depth 6
+        node = _wrap(kind, node)
+    assert parse_schema(node)
+    message = error_of(_wrap(kind, node))  # seven containers: the leaf is at depth 7
+    assert message == "schema" + _LOCATION_STEP[kind] * 7 + ": nesting deeper than 6"
+
+
+def test_depth_counts_mixed_containers() -> None:
+    node: object = BOOL
+    for kind in ("array", "object", "tuple", "union", "array", "object"):
+        node = _wrap(kind, node)
+    parsed = parse_schema(node)
+    assert cardinality(parsed) == 2**2 * 2**2  # two arrays of length 2 around a boolean
+    assert error_of(_wrap("tuple", node)).endswith(": nesting deeper than 6")
+    # Depth is per path: a shallow sibling of the deepest leaf changes nothing.
+    five = node["fields"]["k"]  # type: ignore[index]
+    assert parse_schema(obj(deep=five, flat=BOOL))
+    assert error_of(obj(flat=BOOL, deep=node)).startswith("schema.fields.deep.fields.k.items")
 
 
 def test_array_length_must_be_plain_nonnegative_int() -> None:
@@ -354,7 +413,8 @@ def test_integer_bounds_safe_only() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [True, False, 1.0, 0.5, "1", None, NumberToken("1e0"), NumberToken("-0")]
+    "bad",
+    [True, False, 1.0, -0.0, 0.5, "1", None, NumberToken("1e0"), NumberToken("-0.0")],
 )
 def test_integer_bounds_must_be_plain_int(bad: object) -> None:
     assert error_of(integer(bad, 5)).startswith("schema.minimum: must be an integer")
@@ -458,9 +518,24 @@ def test_schema_from_strict_parser() -> None:
     parsed = parse_schema(strict_parse_json(b'{"type":"integer","minimum":-1,"maximum":1}'))
     assert cardinality(parsed) == 3
     # Float or exponent tokens are never integers in a schema (DESIGN.md decision 6).
-    for text in (b"1.0", b"1e0", b"-0", b"10000000000000000000"):
+    for text in (b"1.0", b"1e0", b"-0.0", b"-0e0", b"10000000000000000000"):
         raw = b'{"type":"integer","minimum":0,"maximum":' + text + b"}"
         assert error_of(strict_parse_json(raw)).startswith("schema.maximum: must be an integer")
+
+
+def test_minus_zero_token_is_the_integer_zero() -> None:
+    # ``-0`` is an integer token by RFC 8259's grammar; the reference reads it as 0.
+    parsed = parse_schema(strict_parse_json(b'{"type":"integer","minimum":-0,"maximum":-0}'))
+    assert parsed.root == IntegerNode(0, 0)
+    assert parsed.canonical == '{"type":"integer","minimum":0,"maximum":0}'
+    assert cardinality(parsed) == 1
+    parsed = parse_schema(strict_parse_json(b'{"type":"const","value":-0}'))
+    assert parsed.canonical == '{"type":"const","value":0}'
+    parsed = parse_schema(strict_parse_json(b'{"type":"enum","values":[-0,1]}'))
+    assert parsed.canonical == '{"type":"enum","values":[0,1]}'
+    # -0 and 0 are one value: an enum listing both has a duplicate.
+    dup = strict_parse_json(b'{"type":"enum","values":[0,-0]}')
+    assert error_of(dup) == "schema.values[1]: duplicate enum value"
 
 
 def test_schema_is_immutable_and_hashable() -> None:

@@ -74,7 +74,10 @@ CASES = [
         10,
         1,
     ),
-    ('{"type":"object","fields":{}}', 1, 4, 16, 2),
+    ('{"type":"object","fields":{"a":{"type":"const","value":"x"}}}', 1, 4, 16, 2),
+    ('{"type":"integer","minimum":-0,"maximum":3}', 4, 6, 10, 1),  # -0 is 0 (issue 10)
+    # Seven levels (the root is depth 0): the deepest schema allowed (issue 10).
+    ('{"type":"array","items":' * 6 + BOOLEAN + ',"length":1}' * 6, 2, 5, 12, 1),
     ('{"type":"array","items":{"type":"boolean"},"length":60}', 2**60, 64, 1, 0),
     ('{"type":"array","items":{"type":"boolean"},"length":61}', 2**61, 65, 0, 0),
 ]
@@ -109,6 +112,10 @@ INVALID = {
     "bad-range": b'{"type":"integer","minimum":3,"maximum":1}',
     "float-bound": b'{"type":"integer","minimum":0,"maximum":1.0}',
     "empty-enum": b'{"type":"enum","values":[]}',
+    "empty-object": b'{"type":"object","fields":{}}',
+    "empty-tuple": b'{"type":"tuple","items":[]}',
+    "minus-zero-float-bound": b'{"type":"integer","minimum":-0.0,"maximum":1}',
+    "eight-levels": b'{"type":"array","items":' * 7 + BOOLEAN.encode() + b',"length":1}' * 7,
     "array-too-long": b'{"type":"array","items":{"type":"boolean"},"length":65}',
     # Valid JSON and a valid schema, but the raw bytes exceed the header limit.
     "raw-over-4096": BOOLEAN.encode() + b" " * (4097 - len(BOOLEAN)),
