@@ -116,6 +116,7 @@ def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions
         agent_image=getattr(args, "agent_image", DEFAULT_AGENT_IMAGE),
         agent_network=getattr(args, "agent_network", AGENT_NETWORK_DEFAULT),
         allow_insecure_server=args.allow_insecure_server_url,
+        allow_mixed_sensitivity=getattr(args, "allow_runc_mixed_sensitivity", False),
         config_source=args.config,
         agent=agent,
         seed_sources=parse_seed_sources(args.seed_source),
@@ -268,6 +269,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept a plain-http GITHUB_SERVER_URL (local test servers only: the token"
         " would travel in clear text)",
+    )
+    parser.add_argument(
+        "--allow-runc-mixed-sensitivity",
+        action="store_true",
+        help="accept public and metered repositories in one run where cross-invocation"
+        " kernel channels stay open (runc, or no root): reported degraded",
     )
     parser.add_argument("--state-base", default=str(DEFAULT_BASE), help=argparse.SUPPRESS)
 

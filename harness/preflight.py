@@ -25,6 +25,7 @@ from typing import Any
 import trio
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable, parse_memory_limit
 
+from .channel_policy import channel_decision
 from .config import SLUG_RE, BoundedQueriesConfig, Problem
 from .paths import RunPaths, overlap_problems
 from .staging import StagingError, server_url
@@ -70,6 +71,10 @@ class PreflightInputs:
     agent_visible: tuple[Path, ...] = ()
     #: ``--allow-insecure-server-url``: accept a plain-http GITHUB_SERVER_URL.
     allow_insecure_server: bool = False
+    #: ``--allow-runc-mixed-sensitivity`` (harness/channel_policy.py).
+    allow_mixed_sensitivity: bool = False
+    #: The broker can give each invocation its own tmpfs (it runs as root).
+    isolated_storage: bool = False
 
 
 def docker_host_from_env(env: Mapping[str, str]) -> str:
@@ -212,12 +217,24 @@ def _source_problems(inputs: PreflightInputs) -> list[Problem]:
     return problems
 
 
+def channel_problems(inputs: PreflightInputs) -> list[Problem]:
+    """The cross-invocation channel policy's refusal, if any (harness/channel_policy.py)."""
+    decision = channel_decision(
+        inputs.config.runtime,
+        (repo.sensitivity for repo in inputs.config.private_repos),
+        isolated_storage=inputs.isolated_storage,
+        allow_mixed=inputs.allow_mixed_sensitivity,
+    )
+    return [] if decision.problem is None else [decision.problem]
+
+
 def static_problems(inputs: PreflightInputs) -> list[Problem]:
     """Every engine-free preflight problem (empty when all pass)."""
     config = inputs.config
     problems = _repo_problems(config) + _limit_problems(config)
     problems += _docker_host_problems(inputs.env)
     problems += _source_problems(inputs)
+    problems += channel_problems(inputs)
     visible = (*inputs.agent_visible, inputs.paths.ingress_root)
     for text in overlap_problems(inputs.paths.private_root, visible):
         problems.append(

@@ -77,6 +77,7 @@ from .agent_spec import (
     default_agent_user,
 )
 from .agent_spec import agent_environment as _agent_environment
+from .channel_policy import channel_decision
 from .child import broker_environment, start_child_broker
 from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, Problem, load_config
 from .events import EventSink, append_step_summary
@@ -161,6 +162,9 @@ class RunOptions:
     agent_tty: bool | None = None
     #: Allow a non-https ``GITHUB_SERVER_URL`` (local test servers only).
     allow_insecure_server: bool = False
+    #: ``--allow-runc-mixed-sensitivity``: accept a public + metered run where
+    #: cross-invocation channels stay open, degraded (harness/channel_policy.py).
+    allow_mixed_sensitivity: bool = False
 
 
 class BrokerHandle(Protocol):
@@ -493,6 +497,8 @@ async def _prepare(
         seed_sources=dict(options.seed_sources),
         agent_visible=visible,
         allow_insecure_server=options.allow_insecure_server,
+        allow_mixed_sensitivity=options.allow_mixed_sensitivity,
+        isolated_storage=os.geteuid() == 0,
     )
     problems = static_problems(inputs)
     if not problems and options.probe_runtime:
@@ -502,6 +508,14 @@ async def _prepare(
         sink.emit("preflight_failed", problems=len(problems))
         return False
     sink.emit("preflight_passed", runtime=config.runtime)
+    channels = channel_decision(
+        config.runtime,
+        (repo.sensitivity for repo in config.private_repos),
+        isolated_storage=inputs.isolated_storage,
+        allow_mixed=inputs.allow_mixed_sensitivity,
+    )
+    if channels.degraded is not None:
+        sink.degrade("cross-invocation channels", channels.degraded)
     try:
         create_private_root(paths)
     except StagingError as exc:

@@ -37,6 +37,9 @@ def make_inputs(tmp_path, docker_sock, **overrides):
     config = overrides.pop("config", BoundedQueriesConfig(enabled=True, private_repos=REPOS))
     env = overrides.pop("env", {"GH_TOKEN": "t0ken", "DOCKER_HOST": docker_sock})
     paths = overrides.pop("paths", run_paths(0, tmp_path / "ws", "ab" * 16, base=tmp_path / "vt"))
+    # REPOS mixes public and internal on runc: the channel policy (tested in
+    # test_channel_policy.py) would refuse it; these tests are about the rest
+    overrides.setdefault("allow_mixed_sensitivity", True)
     return PreflightInputs(config=config, paths=paths, env=env, **overrides)
 
 
