@@ -6,7 +6,9 @@ Subcommands:
 * ``run --config FILE [--seed-source owner/repo=PATH ...] -- AGENT...``:
   validate, preflight, stage, start the broker, run the agent, tear down;
 * ``compose --config FILE --out DIR``: stage and write a compose project;
-* ``demo``: the built-in example end to end.
+* ``demo``: the built-in example end to end;
+* ``mcp-config --client claude|copilot|codex|gemini``: print that client's
+  configuration for the ``bounded-query-mcp`` server (``harness/mcp_config.py``).
 
 Exit codes (seed 000 section 5.3): the agent's status for ``run``; 0 success;
 1 run failure; 2 invocation or infrastructure failure (bad configuration,
@@ -244,6 +246,22 @@ def _cmd_demo(_args: argparse.Namespace, _sink: EventSink) -> int:
     return demo()
 
 
+def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
+    from .mcp_config import render_mcp_config
+
+    values = {
+        name: value
+        for name, value in (
+            ("AWF_BOUNDED_QUERY_SOCKET", args.socket),
+            ("AWF_BOUNDED_QUERY_SKILL", args.skill),
+            ("AWF_BOUNDED_QUERY_REPOS", args.repos),
+        )
+        if value is not None
+    }
+    sys.stdout.write(render_mcp_config(args.client, command=args.command, values=values))
+    return 0
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="configuration file, or - for stdin")
     parser.add_argument(
@@ -343,6 +361,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the built-in example end to end")
     demo.set_defaults(handler=_cmd_demo)
+
+    from .mcp_config import CLIENTS, CONFIG_FILES, SERVER_COMMAND
+
+    mcp = sub.add_parser(
+        "mcp-config",
+        help="print an MCP client's configuration for bounded-query-mcp",
+        description="Print the snippet for a local stdio server running bounded-query-mcp."
+        " By default it forwards AWF_BOUNDED_QUERY_SOCKET, _SKILL and _REPOS from the"
+        " client's environment (the harness sets them for the agent). Where it goes: "
+        + "; ".join(f"{name}: {where}" for name, where in CONFIG_FILES.items()),
+    )
+    mcp.add_argument("--client", required=True, choices=CLIENTS)
+    mcp.add_argument("--command", default=SERVER_COMMAND, help="the server executable")
+    mcp.add_argument("--socket", default=None, help="a literal AWF_BOUNDED_QUERY_SOCKET")
+    mcp.add_argument("--skill", default=None, help="a literal AWF_BOUNDED_QUERY_SKILL")
+    mcp.add_argument("--repos", default=None, help="a literal AWF_BOUNDED_QUERY_REPOS")
+    mcp.set_defaults(handler=_cmd_mcp_config)
     return parser
 
 

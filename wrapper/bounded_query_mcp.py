@@ -221,8 +221,16 @@ TOOLS: tuple[dict[str, Any], ...] = (
             "properties": {
                 "status": {"type": "string", "enum": ["ok", "error"]},
                 "result": {
+                    "anyOf": [
+                        {"type": "boolean"},
+                        {"type": "integer"},
+                        {"type": "string"},
+                        {"type": "null"},
+                        {"type": "array"},
+                        {"type": "object"},
+                    ],
                     "description": "The validated answer, a value of the declared schema"
-                    " (present only when status is ok)."
+                    " (present only when status is ok).",
                 },
             },
             "required": ["status"],
