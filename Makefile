@@ -6,7 +6,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Harmless with a venv or pyenv; lets a system python3 (PEP 668) install too.
 export PIP_BREAK_SYSTEM_PACKAGES := 1
 
-.PHONY: install engine images lint test fuzz demo bench
+.PHONY: install engine images lint test test-tools fuzz demo bench
 
 install:
 	$(PYTHON) -m pip install -q -e '.[dev]'
@@ -21,9 +21,13 @@ lint: install
 	ruff check broker sandbox wrapper seccomp harness tests
 	.ci/typecheck
 
-test: images lint
+test: images lint test-tools
 	$(PYTHON) -m pytest -q
 	@if [ -x .ci/fuzz ]; then .ci/fuzz --short; fi
+
+# Real MCP clients from the npm registry for tests/wrapper/test_mcp_clients.py.
+test-tools:
+	.ci/install-test-tools
 
 fuzz: install
 	.ci/fuzz --long
