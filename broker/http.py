@@ -17,7 +17,8 @@ that arrives in one read would otherwise be undercounted. The same raw head
 is checked for what h11 tolerates but a smuggling-resistant server must not:
 obsolete line folding (h11 silently unfolds it) and a repeated
 Content-Length (h11 silently merges identical copies). Every check depends
-only on the client's own bytes, so refusing at once leaks nothing.
+only on the client's own bytes, so the refusal itself carries nothing; *when*
+it leaves is the server's refusal gate (``server.py``, ``service.py``).
 
 Responses are not built by h11: every response the broker ever sends is the
 same fixed status line and header block around one of the two canonical

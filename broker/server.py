@@ -11,8 +11,8 @@ Theory of operation:
   socket (directory 0770, socket 0660, optional owner), and only then write
   the readiness file ``control/ready``.
 * **Serving**: an accept loop hands each connection to its own task, up to
-  a connection cap; an excess connection gets the canonical error at once
-  and is closed. Each connection carries one request (``http.py``), then
+  a connection cap; an excess connection gets the canonical error (through
+  the refusal gate below) and is closed. Each connection carries one request (``http.py``), then
   goes through the serialized lane (``service.py``). Transport-level
   refusals (the cap, malformed HTTP) are answered when the lane holder of
   the moment has answered -- at once when the lane is idle, so they are no
@@ -58,7 +58,7 @@ __all__ = [
     "recover",
 ]
 
-#: Concurrent connections served; more get the canonical error at once. Only
+#: Concurrent connections served; more get the canonical error (gated). Only
 #: one invocation runs at a time, so this bounds queued requests and memory
 #: (each connection buffers at most a 64 KiB body plus one 16 KiB read).
 DEFAULT_CONNECTION_CAP = 64

@@ -246,3 +246,15 @@ async def test_refusals_are_released_by_the_overflow_answer_not_the_overrun_end(
         pytest.approx(origin + 700.0, abs=1e-9),
         pytest.approx(origin + 2999.0, abs=1e-9),
     ]
+
+
+async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, service):
+    await _answer(service, request_bytes("sleep 700\nwrite true"))
+    counted = service.ledger.invocations
+    journal_size = service.config.journal_path.stat().st_size
+    for _ in range(50):
+        await service.count_refusal("http-malformed")
+        assert (await _answer(service, request_bytes("write true")))[0] == ERROR
+    assert service.ledger.invocations == counted
+    assert service.config.journal_path.stat().st_size == journal_size
+    assert dict(service._tally.pending) == {"halted-after-overflow": 50, "http-malformed": 50}
