@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import h11
@@ -161,8 +162,14 @@ async def read_request(
     max_body: int,
     header_timeout_s: float = HEADER_TIMEOUT_S,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    hold: Callable[[], Awaitable[None]] | None = None,
 ) -> HttpRequest:
     """Read exactly one request from ``stream``.
+
+    ``hold``, if given, is awaited before the ``100 Continue`` interim
+    response: like a refusal, an interim answer sent at once would time the
+    broker while a query runs (the server passes its refusal gate). A client
+    that stops waiting sends its body anyway (curl after 1 s).
 
     Raises:
         HttpReject: malformed HTTP, oversize head or body, chunked body, a
@@ -192,6 +199,8 @@ async def read_request(
     if length is not None and length > max_body:
         raise HttpReject("http-body-too-large")
     if conn.they_are_waiting_for_100_continue:
+        if hold is not None:
+            await hold()
         with trio.move_on_after(SEND_TIMEOUT_S):
             try:
                 await stream.send_all(CONTINUE_BYTES)

@@ -17,7 +17,8 @@ Theory of operation:
   refusals (the cap, malformed HTTP) are answered when the lane holder of
   the moment has answered -- at once when the lane is idle, so they are no
   clock while a query runs (the refusal gate, ``service.py``) -- and then
-  counted against maxInvocations like every other response. At most
+  counted against maxInvocations like every other response; the ``100
+  Continue`` interim response goes through the same gate. At most
   :data:`REFUSE_HOLD_CAP` excess connections are held at once; beyond that
   the accept loop pauses and the kernel's listen backlog holds the rest.
 * **Stopping** (:meth:`BrokerServer.stop`, wired to SIGTERM/SIGINT by
@@ -328,7 +329,12 @@ class BrokerServer:
         assert service is not None
         try:
             try:
-                request = await read_request(stream, max_body=MAX_SCRIPT_BYTES, **self._timeouts)
+                request = await read_request(
+                    stream,
+                    max_body=MAX_SCRIPT_BYTES,
+                    hold=service.hold_refusal,
+                    **self._timeouts,
+                )
             except HttpReject as exc:
                 # Answered as soon as the running invocation (if any) has
                 # answered -- at once when the lane is idle -- so its timing

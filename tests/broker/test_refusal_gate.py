@@ -92,3 +92,43 @@ async def test_a_refusal_after_the_answer_is_not_held(tmp_path):
         assert body_of(await exchange(sock, GARBAGE)) == ERROR
         assert trio.current_time() - start < 0.5
         server.stop()
+
+
+async def test_the_interim_continue_waits_for_the_running_query_too(tmp_path):
+    config, seed_map = load(make_root(tmp_path))
+    server = BrokerServer(config, seed_map, ScriptedRunner())
+    sock = os.fspath(config.socket_path)
+    head = request_bytes("write true", extra=[("Expect", "100-continue")]).split(b"\r\n\r\n")[0]
+
+    async def first_bytes() -> tuple[bytes, float]:
+        start = trio.current_time()
+        stream = await trio.open_unix_socket(sock)
+        async with stream:
+            await stream.send_all(head + b"\r\n\r\n")  # the head only, as curl does
+            with trio.fail_after(10):
+                got = await stream.receive_some(4096)
+        return got, trio.current_time() - start
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        got, idle = await first_bytes()
+        assert got.startswith(b"HTTP/1.1 100 Continue")
+        origin = trio.current_time()
+        seen: dict[str, tuple[bytes, float]] = {}
+
+        async def query() -> None:
+            seen["query"] = await _timed(sock, request_bytes("sleep 0.3\nwrite true"), origin)
+
+        async def probe() -> None:
+            await trio.sleep(0.05)
+            got, _ = await first_bytes()
+            seen["probe"] = (got, trio.current_time() - origin)
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(query)
+            inner.start_soon(probe)
+        server.stop()
+    assert seen["query"][0] == OK
+    assert seen["probe"][0].startswith(b"HTTP/1.1 100 Continue")
+    assert seen["probe"][1] >= 1.0  # not before the query's 1 s answer
+    assert idle < 0.5
