@@ -94,15 +94,30 @@ def response_bytes(body: bytes) -> bytes:
     )
 
 
+class _Budget:
+    """A deadline counted only while reading: time spent in ``hold`` is not charged.
+
+    ``reason`` is the refusal when the budget runs out.
+    """
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        self.remaining = seconds
+        self.reason = reason
+
+
 async def _next_event(
     conn: h11.Connection,
     stream: trio.abc.Stream,
+    budget: _Budget,
+    hold: Callable[[], Awaitable[None]] | None,
     malformed: str = "http-malformed",
     record: bytearray | None = None,
 ) -> object:
     """Next h11 event, receiving more bytes as needed (EOF is fed to h11).
 
-    Every byte received is also appended to ``record`` when one is given.
+    Before each receive, ``hold`` (if any) is awaited outside the deadline;
+    each receive may use what is left of ``budget``. Every byte received is
+    also appended to ``record`` when one is given.
     """
     while True:
         try:
@@ -111,10 +126,17 @@ async def _next_event(
             raise HttpReject(malformed) from exc
         if event is not h11.NEED_DATA:
             return event
-        try:
-            data = await stream.receive_some(RECEIVE_BYTES)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise HttpReject("http-connection-lost") from exc
+        if hold is not None:
+            await hold()
+        started = trio.current_time()
+        with trio.move_on_after(budget.remaining) as scope:
+            try:
+                data = await stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise HttpReject("http-connection-lost") from exc
+        if scope.cancelled_caught:
+            raise HttpReject(budget.reason)
+        budget.remaining -= trio.current_time() - started
         if record is not None:
             record += data
         try:
@@ -166,10 +188,11 @@ async def read_request(
 ) -> HttpRequest:
     """Read exactly one request from ``stream``.
 
-    ``hold``, if given, is awaited before the ``100 Continue`` interim
-    response: like a refusal, an interim answer sent at once would time the
-    broker while a query runs (the server passes its refusal gate). A client
-    that stops waiting sends its body anyway (curl after 1 s).
+    ``hold``, if given, is awaited before every receive and before the
+    ``100 Continue`` interim response (the server passes its refusal gate:
+    while a query runs, the broker reads and sends nothing, so the client
+    cannot time it). The deadlines count only the time spent receiving, never
+    the time held.
 
     Raises:
         HttpReject: malformed HTTP, oversize head or body, chunked body, a
@@ -177,10 +200,8 @@ async def read_request(
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
     raw_head = bytearray()
-    with trio.move_on_after(header_timeout_s) as head_scope:
-        event = await _next_event(conn, stream, record=raw_head)
-    if head_scope.cancelled_caught:
-        raise HttpReject("http-header-timeout")
+    head_budget = _Budget(header_timeout_s, "http-header-timeout")
+    event = await _next_event(conn, stream, head_budget, hold, record=raw_head)
     if not isinstance(event, h11.Request):
         raise HttpReject("http-no-request")
     headers = list(event.headers.raw_items())
@@ -208,20 +229,18 @@ async def read_request(
                 raise HttpReject("http-connection-lost") from exc
     chunks: list[bytes] = []
     received = 0
-    with trio.move_on_after(body_timeout_s) as body_scope:
-        while True:
-            part = await _next_event(conn, stream, "http-truncated-body")
-            if isinstance(part, h11.Data):
-                received += len(part.data)
-                if received > max_body:  # pragma: no cover - Content-Length is checked
-                    raise HttpReject("http-body-too-large")
-                chunks.append(bytes(part.data))
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:
-                raise HttpReject("http-truncated-body")
-    if body_scope.cancelled_caught:
-        raise HttpReject("http-body-timeout")
+    body_budget = _Budget(body_timeout_s, "http-body-timeout")
+    while True:
+        part = await _next_event(conn, stream, body_budget, hold, "http-truncated-body")
+        if isinstance(part, h11.Data):
+            received += len(part.data)
+            if received > max_body:  # pragma: no cover - Content-Length is checked
+                raise HttpReject("http-body-too-large")
+            chunks.append(bytes(part.data))
+        elif isinstance(part, h11.EndOfMessage):
+            break
+        else:
+            raise HttpReject("http-truncated-body")
     return HttpRequest(
         method=bytes(event.method),
         target=bytes(event.target),

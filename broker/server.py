@@ -15,12 +15,14 @@ Theory of operation:
   the refusal gate below) and is closed. Each connection carries one request (``http.py``), then
   goes through the serialized lane (``service.py``). Transport-level
   refusals (the cap, malformed HTTP) are answered when the lane holder of
-  the moment has answered -- at once when the lane is idle, so they are no
-  clock while a query runs (the refusal gate, ``service.py``) -- and then
-  counted against maxInvocations like every other response; the ``100
-  Continue`` interim response goes through the same gate. At most
-  :data:`REFUSE_HOLD_CAP` excess connections are held at once; beyond that
-  the accept loop pauses and the kernel's listen backlog holds the rest.
+  the moment has answered -- at once when the lane is idle -- and then
+  counted against maxInvocations like every other response. The refusal
+  gate (``service.py``) covers all client I/O: while a request holds the
+  lane unanswered, the broker accepts nothing (new connections wait in the
+  kernel's listen backlog, and a pending accept is cancelled), reads nothing
+  (deadlines count only the time spent reading) and sends nothing, neither
+  refusals nor ``100 Continue``; so the client cannot time the broker while
+  a query runs.
 * **Stopping** (:meth:`BrokerServer.stop`, wired to SIGTERM/SIGINT by
   ``__main__``): stop accepting, let the in-flight invocation finish within
   the grace period (queued requests get the canonical error), then cancel
@@ -69,11 +71,6 @@ DEFAULT_GRACE_S = 10.0
 LISTEN_BACKLOG = 1024
 #: Time allowed for refusing an excess connection.
 REFUSE_TIMEOUT_S = 1.0
-#: Excess connections held at once while the refusal gate is closed (their
-#: answers wait for the running invocation's answer); past it the accept loop
-#: pauses and new connections wait in the kernel's listen backlog, so a flood
-#: costs at most this many descriptors and tasks.
-REFUSE_HOLD_CAP = 256
 
 
 class Recovery:
@@ -197,10 +194,6 @@ class BrokerServer:
         self.recovery: Recovery | None = None
         self.active = 0
         self.refused = 0
-        #: Excess connections being refused right now (bounded by REFUSE_HOLD_CAP).
-        self.refusing = 0
-        self._refuse_room = trio.Event()
-        self._refuse_room.set()
         self._idle = trio.Event()
         self._idle.set()
         self._stop = trio.Event()
@@ -285,12 +278,16 @@ class BrokerServer:
         nursery.cancel_scope.cancel()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        service = self.service
+        assert service is not None
         while True:
-            # Held refusals are bounded: past the hold cap, accept nothing
-            # until the gate opens (connections wait in the listen backlog).
-            await self._refuse_room.wait()
+            # No accept while a query runs (the refusal gate, service.py): new
+            # connections wait in the kernel's listen backlog, so excess
+            # connections are only accepted, and answered, while it is open.
+            await service.hold_refusal()
             try:
-                stream = await listener.accept()
+                with service.cancelled_when_gate_closes() as pending:
+                    stream = await listener.accept()
             except trio.ClosedResourceError:
                 return
             except OSError as exc:
@@ -299,11 +296,10 @@ class BrokerServer:
                     await trio.sleep(0.01)
                     continue
                 raise  # pragma: no cover - unexpected listener failure
+            if pending.cancelled_caught:
+                continue  # a request entered the lane first; nothing was accepted
             if self.active >= self.connection_cap:
                 self.refused += 1
-                self.refusing += 1
-                if self.refusing >= REFUSE_HOLD_CAP:
-                    self._refuse_room = trio.Event()
                 nursery.start_soon(self._refuse, stream)
                 continue
             self.active += 1
@@ -319,9 +315,6 @@ class BrokerServer:
                 await send_response(stream, CANONICAL_ERROR_BODY)
         finally:
             await trio.aclose_forcefully(stream)
-            self.refusing -= 1
-            if self.refusing < REFUSE_HOLD_CAP:
-                self._refuse_room.set()
         await self.service.count_refusal("connection-cap")
 
     async def _connection(self, stream: trio.SocketStream) -> None:

@@ -95,7 +95,7 @@ import secrets
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +194,8 @@ class Service:
         self._gate: trio.Event | None = None
         #: Cancel scopes of requests waiting for the lane (woken by a halt).
         self._queued: set[trio.CancelScope] = set()
+        #: Cancel scopes of client I/O to stop when the gate closes (accept).
+        self._gate_watchers: set[trio.CancelScope] = set()
         self._tally = RefusalTally()
         #: (lane entry, processing end, landing or None on overflow) of the last
         #: answer, on trio's clock; for benchmarks and tests only.
@@ -272,6 +274,28 @@ class Service:
         if gate is not None:
             await gate.wait()
 
+    @property
+    def gate_open(self) -> bool:
+        """True when no request holds the lane unanswered (client I/O may proceed)."""
+        return self._gate is None or self._gate.is_set()
+
+    @contextlib.contextmanager
+    def cancelled_when_gate_closes(self) -> Iterator[trio.CancelScope]:
+        """A cancel scope that is cancelled as soon as a request enters the lane.
+
+        The server wraps ``accept`` in it, so no connection is accepted while
+        a query runs (a client that fills the listen backlog could otherwise
+        time the broker's accept).
+        """
+        with trio.CancelScope() as scope:
+            self._gate_watchers.add(scope)
+            try:
+                if not self.gate_open:
+                    scope.cancel()
+                yield scope
+            finally:
+                self._gate_watchers.discard(scope)
+
     # -- the lane --------------------------------------------------------
 
     async def handle(self, request: HttpRequest, send: Sender) -> None:
@@ -321,6 +345,8 @@ class Service:
     async def _serve_in_lane(self, request: HttpRequest, send: Sender) -> None:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
         gate = self._gate = trio.Event()
+        for watcher in self._gate_watchers:
+            watcher.cancel()
         try:
             start = trio.current_time()
             invocation_id = self._new_id()

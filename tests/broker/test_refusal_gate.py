@@ -2,21 +2,29 @@
 
 Real in-process broker on a real Unix socket, real time: a query that runs
 0.3 s is answered on the 1 s boundary; malformed requests and connections
-past the connection cap sent meanwhile must not be answered before it, and
-the excess connections held at once stay within the hold cap. When the lane
+past the connection cap sent meanwhile must not be answered (nor even
+accepted or read) before it. When the lane
 is idle, refusals are answered at once (well before any boundary).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 import trio
-from bounded_query.broker import server as server_module
 from bounded_query.broker.server import BrokerServer
 
-from tests.broker.helpers import ERROR, body_of, exchange, load, make_root, request_bytes
+from tests.broker.helpers import (
+    ERROR,
+    body_of,
+    exchange,
+    load,
+    make_root,
+    read_until_eof,
+    request_bytes,
+)
 from tests.fakes.runner import ScriptedRunner
 
 GARBAGE = b"NOT HTTP AT ALL\r\n\r\n"
@@ -29,13 +37,12 @@ async def _timed(sock, payload: bytes, origin: float) -> tuple[bytes, float]:
 
 
 @pytest.mark.parametrize("connection_cap", [64, 1])
-async def test_refusals_during_a_query_wait_for_its_answer(tmp_path, monkeypatch, connection_cap):
-    monkeypatch.setattr(server_module, "REFUSE_HOLD_CAP", 3)
+async def test_refusals_during_a_query_wait_for_its_answer(tmp_path, connection_cap):
     config, seed_map = load(make_root(tmp_path))
     server = BrokerServer(config, seed_map, ScriptedRunner(), connection_cap=connection_cap)
     sock = config.socket_path
     results: dict[str, tuple[bytes, float]] = {}
-    held: list[int] = []
+    active: list[int] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         # Idle lane: a refusal is answered at once, far below the 10 ms boundary.
@@ -56,8 +63,9 @@ async def test_refusals_during_a_query_wait_for_its_answer(tmp_path, monkeypatch
             results[name] = await _timed(sock, GARBAGE, origin)
 
         async def watch() -> None:
+            await trio.sleep(0.03)  # the query's own connection is in by now
             while "query" not in results:
-                held.append(server.refusing)
+                active.append(server.active)
                 await trio.sleep(0.005)
 
         async with trio.open_nursery() as inner:
@@ -72,10 +80,9 @@ async def test_refusals_during_a_query_wait_for_its_answer(tmp_path, monkeypatch
     for name, (body, when) in results.items():
         assert body == ERROR, name
         assert when >= 1.0, (name, when)  # never before the query's own answer
-    if connection_cap == 1:
-        # The hold cap was reached and held: the rest waited in the listen
-        # backlog (and were served as ordinary connections after the answer).
-        assert max(held) == 3
+    # Nothing was accepted while the query ran: only its own connection was
+    # active (the others waited in the listen backlog).
+    assert max(active) == 1
     assert idle < 0.5
 
 
@@ -132,3 +139,49 @@ async def test_the_interim_continue_waits_for_the_running_query_too(tmp_path):
     assert seen["probe"][0].startswith(b"HTTP/1.1 100 Continue")
     assert seen["probe"][1] >= 1.0  # not before the query's 1 s answer
     assert idle < 0.5
+
+
+async def test_nothing_is_read_during_a_query_and_held_time_is_not_a_deadline(tmp_path):
+    """A client with a tiny send buffer cannot see the broker read while a query runs.
+
+    Its body send can only finish when the broker reads, which must not happen
+    before the query's answer; the wait does not count against the body
+    deadline (0.2 s here), so the request is then served normally.
+    """
+    config, seed_map = load(make_root(tmp_path))
+    server = BrokerServer(
+        config, seed_map, ScriptedRunner(), header_timeout_s=0.2, body_timeout_s=0.2
+    )
+    sock = os.fspath(config.socket_path)
+    raw = request_bytes("write true\n#" + "x" * 60_000)
+    head_and_some = raw.index(b"\r\n\r\n") + 4 + 2048
+    seen: dict[str, float] = {}
+    answers: dict[str, bytes] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        origin = trio.current_time()
+        slow = await trio.open_unix_socket(sock)
+        slow.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+        async def slow_client() -> None:
+            async with slow:
+                await slow.send_all(raw[:head_and_some])
+                await trio.sleep(0.1)  # the query enters the lane meanwhile
+                await slow.send_all(raw[head_and_some:])
+                seen["sent"] = trio.current_time() - origin
+                await slow.send_eof()
+                answers["slow"] = body_of(await read_until_eof(slow))
+
+        async def query() -> None:
+            await trio.sleep(0.05)
+            body, when = await _timed(sock, request_bytes("sleep 0.3\nwrite true"), origin)
+            answers["query"], seen["query"] = body, when
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(slow_client)
+            inner.start_soon(query)
+        server.stop()
+    assert answers == {"query": OK, "slow": OK}
+    assert seen["query"] >= 1.05  # lane entry at ~0.05 s, answer on the 1 s boundary
+    # The rest of the body was only read once the query had answered.
+    assert seen["sent"] >= seen["query"] - 0.05
