@@ -341,6 +341,9 @@ class Service:
         self.halted_at = trio.current_time()
         for scope in self._queued:
             scope.cancel()
+        # The operator's precise reason (the agent only ever sees the canonical error).
+        line = {"event": "broker-halted", "reason": "timing-bucket-overflow"}
+        print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
 
     async def _serve_in_lane(self, request: HttpRequest, send: Sender) -> None:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""

@@ -248,8 +248,9 @@ async def test_refusals_are_released_by_the_overflow_answer_not_the_overrun_end(
     ]
 
 
-async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, service):
+async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, service, capsys):
     await _answer(service, request_bytes("sleep 700\nwrite true"))
+    assert '"event": "broker-halted"' in capsys.readouterr().err
     counted = service.ledger.invocations
     journal_size = service.config.journal_path.stat().st_size
     for _ in range(50):
