@@ -216,6 +216,35 @@ def _examples(first_repo: str) -> list[str]:
     return lines
 
 
+def _mcp_section() -> list[str]:
+    """The MCP server and each client's configuration (``mcp_config.py``, one source)."""
+    from .mcp_config import CONFIG_FILES, render_mcp_config
+
+    lines = [
+        "## From an MCP client",
+        "",
+        "`bounded-query-mcp` (next to `bounded-query` on PATH) is a stdio MCP server with the",
+        "tools `bounded_query({repo, schema, script})` and `bounded_query_cost({schema})`:",
+        "the same answers, charges and limits as the two commands (the schema is JSON",
+        'text; the structured result is exactly `{"status":"ok","result":...}` or',
+        '`{"status":"error"}`). This file is its resource `bounded-query://SKILL.md`.',
+        "Register it with your client (it forwards the three `AWF_BOUNDED_QUERY_*`",
+        "variables from the client's environment):",
+        "",
+    ]
+    for client, where in CONFIG_FILES.items():
+        language = "toml" if client == "codex" else "json"
+        lines += [
+            f"- {client}: {where}",
+            "",
+            f"```{language}",
+            *render_mcp_config(client).rstrip("\n").splitlines(),
+            "```",
+            "",
+        ]
+    return lines
+
+
 def render_skill(config: BoundedQueriesConfig) -> str:
     """The SKILL.md text for ``config`` (spec 14.8)."""
     usable = [r.repo for r in config.private_repos if r.sensitivity != "sealed"]
@@ -329,6 +358,7 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "- A refused request (over budget) costs no bits but counts toward the",
         "  request limit.",
         "",
+        *_mcp_section(),
         "## Examples (one per schema kind)",
         "",
         *_examples(first),

@@ -76,3 +76,15 @@ def test_the_subcommand_prints_the_snippet(client, capsys):
 def test_the_subcommand_refuses_an_unknown_client(capsys):
     assert main(["mcp-config", "--client", "vscode"]) == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_skill_md_shows_every_clients_snippet():
+    from bounded_query.harness.skill import render_skill
+
+    from tests.harness.test_harness_outputs import CONFIG
+
+    text = render_skill(CONFIG)
+    assert "## From an MCP client" in text
+    for client in CLIENTS:
+        assert render_mcp_config(client).rstrip("\n") in text
+    assert "bounded-query://SKILL.md" in text
