@@ -88,3 +88,13 @@ def test_skill_md_shows_every_clients_snippet():
     for client in CLIENTS:
         assert render_mcp_config(client).rstrip("\n") in text
     assert "bounded-query://SKILL.md" in text
+
+
+def test_readme_shows_the_rendered_claude_snippet():
+    from tests.wrapper.fakes import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Use it from an MCP client" in readme
+    assert render_mcp_config("claude").rstrip("\n") in readme
+    for client in CLIENTS:
+        assert f"mcp-config --client {client}" in readme
