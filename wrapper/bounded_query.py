@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
-"""``bounded-query``: the agent's client for the bounded-query broker (spec 14.8, protocol v2).
+#!/bin/sh
+"""exec" python3 -I "$0" "$@"
+``bounded-query``: the agent's client for the bounded-query broker (spec 14.8, protocol v2).
 
 Usage (the only accepted shape; the two options may come in either order)::
 
@@ -34,6 +35,16 @@ Theory of operation:
 This file is deliberately one stdlib-only module that runs on Python >= 3.8:
 the harness copies it verbatim into the agent's wrapper directory as the
 executable ``bounded-query``. Keep it free of 3.9+ syntax and APIs.
+
+Isolated interpreter: executed directly, the file is a ``/bin/sh`` script
+whose first command is line 2, ``exec python3 -I "$0" "$@"`` (to the shell,
+the quotes before ``exec`` are empty strings); Python reads the same line as
+the start of this docstring. ``-I`` ignores every ``PYTHON*`` variable, the
+user site directory and the script's own directory, so nothing the agent's
+environment holds (``PYTHONWARNINGS``, ``PYTHONPATH``, ``PYTHONSTARTUP``,
+``PYTHONINSPECT``, ...) can write to stderr or run code before ``main()``.
+A ``#!/usr/bin/env -S python3 -I`` line would need GNU env 8.30+ (busybox has
+no ``-S``); this needs only ``/bin/sh`` and a ``python3`` on PATH.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
-"""``bounded-query-cost``: what a response schema would cost, before asking (spec 14.3).
+#!/bin/sh
+"""exec" python3 -I "$0" "$@"
+``bounded-query-cost``: what a response schema would cost, before asking (spec 14.3).
 
 Usage::
 
@@ -20,6 +21,13 @@ The schema is judged exactly as the broker judges the decoded
 ``X-AWF-Schema-B64`` header: raw size, strict JSON, then the finite DSL.
 This tool is advisory and local: it never contacts the broker and spends no
 budget.
+
+Executed directly, the file is a ``/bin/sh`` script whose line 2 runs
+``exec python3 -I "$0" "$@"`` (Python reads that line as the start of this
+docstring), as ``bounded-query`` does: the agent's ``PYTHON*`` variables, user
+site and current directory cannot change which protocol code judges the
+schema or print anything before ``main()``; the ``bq_protocol/`` sibling is
+found from ``__file__``, not from ``sys.path``.
 """
 
 from __future__ import annotations
