@@ -300,23 +300,27 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         " | one of the values | number of values |",
         '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M'
         " | M - N + 1 |",
-        '| object | `{"type":"object","fields":{"k":S,...}}` | an object with every field'
-        " | product |",
-        '| tuple | `{"type":"tuple","items":[S,...]}` | a list, one value per item | product |',
+        '| object | `{"type":"object","fields":{"k":S,...}}` (at least one field)'
+        " | an object with every field | product |",
+        '| tuple | `{"type":"tuple","items":[S,...]}` (at least one item)'
+        " | a list, one value per item | product |",
         '| array | `{"type":"array","items":S,"length":N}` | a list of exactly N values'
         " | card(S)^N |",
         '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}`'
         " | sum |",
         "",
-        "`S` is any schema (nesting is allowed). A value that does not match the schema",
-        "exactly (a missing field, an extra key, `1.0` for an integer, a value out of",
-        "range) is an error -- and is still charged.",
+        "`S` is any schema (nesting is allowed). An empty object, tuple, enum or union is",
+        "an invalid schema (a fixed answer is a `const`). A value that does not match the",
+        "schema exactly (a missing field, an extra key, `1.0` for an integer, a value out",
+        "of range) is an error -- and is still charged.",
         "",
         "A literal `L` is a string of at most "
         f"{protocol.MAX_LITERAL_STRING_BYTES} UTF-8 bytes, a safe integer, a boolean or null.",
         'A union value is `{"tag":"<name>","value":<value>}`. Integers are plain integer',
-        "tokens (`1`, never `1.0`). Bounds: depth "
-        f"{protocol.MAX_SCHEMA_DEPTH}, {protocol.MAX_SCHEMA_NODES} nodes,"
+        "tokens (`1`; `-0` is `0`; never `1.0`, `1e0` or `-0.0`). Bounds: depth"
+        f" {protocol.MAX_SCHEMA_DEPTH} (the top-level schema is depth 0, so at most"
+        f" {protocol.MAX_SCHEMA_DEPTH} containers nest around a leaf),"
+        f" {protocol.MAX_SCHEMA_NODES} nodes,"
         f" {protocol.MAX_SCHEMA_BYTES} bytes, {protocol.MAX_ENUM_VALUES} enum values,"
         f" {protocol.MAX_OBJECT_FIELDS} object fields, {protocol.MAX_TUPLE_ITEMS} tuple items,"
         f" array length {protocol.MAX_ARRAY_LENGTH}, {protocol.MAX_UNION_VARIANTS} union"
