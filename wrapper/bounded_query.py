@@ -107,8 +107,10 @@ MAX_RESPONSE_HEAD_BYTES = 16 * 1024
 #: 8 KiB (re-serialization never grows it); anything far larger is not ours.
 MAX_RESPONSE_BODY_BYTES = 64 * 1024
 
-#: A result is at most a few dozen levels deep (schema depth 6, unions add one
-#: object level each); deeper JSON is hostile and must not reach recursion.
+#: A result nests at most six containers (a schema's root is depth 0 and only
+#: the six levels above its leaves can be containers; a union's tag/value
+#: object is its one level), inside the envelope; deeper JSON is hostile and
+#: must not reach recursion.
 MAX_RESULT_DEPTH = 64
 
 _RECV_CHUNK = 16 * 1024
