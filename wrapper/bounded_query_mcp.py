@@ -831,12 +831,13 @@ class Writer:
 
 
 def _run_deferred(job: Deferred, writer: Writer, slots: threading.BoundedSemaphore) -> None:
+    """Do one deferred call; any failure (a bug included) is the canonical error."""
     try:
         try:
-            text = job.work()
+            line = job.finish(job.work())
         except Exception:
-            text = _CANONICAL_ERROR
-        writer.write(job.finish(text))
+            line = job.finish(_CANONICAL_ERROR)
+        writer.write(line)
     finally:
         slots.release()
 

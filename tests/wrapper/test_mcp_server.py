@@ -551,3 +551,34 @@ def test_runs_on_a_real_python_3_8():
         assert server.ask(request(4, "ping"))["result"] == {}
         _, stderr, status = server.close()
     assert (stderr, status) == (b"", 0)
+
+
+def test_a_failing_query_is_still_answered_with_the_canonical_error():
+    """The I/O layer in-process over pipes: a query that raises or returns garbage
+    (a bug) still gets exactly one canonical-error answer."""
+    import os
+    import threading
+
+    def query(repo: str, schema: bytes, script: bytes) -> str:
+        if script == b"raise":
+            raise RuntimeError("bug")
+        return "not json" if script == b"garbage" else OK.decode()
+
+    session = mcp.Session(query, mcp.real_cost, lambda: SKILL_TEXT)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    server = threading.Thread(target=mcp.serve, args=(in_r, mcp.Writer(out_w), session))
+    server.start()
+    scripts = {1: "raise", 2: "garbage", 3: "print(1)"}
+    os.write(in_w, initialize(0) + b"".join(
+        call(i, "bounded_query", {**QUESTION, "script": text}) for i, text in scripts.items()))
+    os.close(in_w)
+    server.join(timeout=30)
+    assert not server.is_alive()
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as out:
+        replies = [json.loads(line) for line in out.read().splitlines()]
+    os.close(in_r)
+    by_id = {r["id"]: r["result"]["structuredContent"] for r in replies[1:]}
+    assert by_id == {1: {"status": "error"}, 2: {"status": "error"},
+                     3: {"status": "ok", "result": True}}
