@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
-"""``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8, issue 13).
+#!/bin/sh
+"""exec" python3 -I "$0" "$@"
+``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8, issue 13).
 
 The agent's MCP client starts this file as a local stdio server. It speaks
 newline-delimited JSON-RPC 2.0 on stdin/stdout and offers two fixed tools and
@@ -58,9 +59,15 @@ bounded by the wrapper's deadline), then the exit status is 0.
 
 Like the wrapper, this file is one stdlib-only module for Python >= 3.8 that
 the harness copies verbatim into the agent's wrapper directory; it imports
-its siblings by file, never relatively. (The cost tool needs the protocol
-package, which needs Python >= 3.10; on older interpreters that one tool
-answers ``-32603`` and everything else works.)
+its siblings by file, never relatively. Executed directly it is, like the
+wrapper, a ``/bin/sh`` script whose line 2 re-executes it as ``python3 -I``
+(Python reads that line as the start of this docstring), so no ``PYTHON*``
+variable of the agent's environment (``PYTHONINSPECT`` would open a prompt
+on stdout) and no user site directory can touch the protocol stream.
+
+The cost tool needs the protocol package, which needs Python >= 3.10; on
+older interpreters that one tool answers ``-32603`` and everything else
+works.
 """
 
 from __future__ import annotations

@@ -505,7 +505,7 @@ def test_skill_resource_reads_the_file_and_fails_closed(tmp_path):
 
 def test_mcp_file_is_stdlib_only_python_3_8_without_relative_imports():
     text = MCP_FILE.read_text(encoding="utf-8")
-    assert text.startswith("#!/usr/bin/env python3\n")
+    assert text.startswith('#!/bin/sh\n"""exec" python3 -I "$0" "$@"\n')
     tree = ast.parse(text, feature_version=(3, 8))
     names = set()
     for node in ast.walk(tree):
@@ -582,3 +582,31 @@ def test_a_failing_query_is_still_answered_with_the_canonical_error():
     by_id = {r["id"]: r["result"]["structuredContent"] for r in replies[1:]}
     assert by_id == {1: {"status": "error"}, 2: {"status": "error"},
                      3: {"status": "ok", "result": True}}
+
+
+def test_the_agents_python_environment_cannot_touch_the_stream(tmp_path):
+    """Executed as installed, the server re-execs as ``python3 -I``: PYTHONINSPECT,
+    PYTHONSTARTUP, PYTHONPATH (a shadowing json.py), PYTHONWARNINGS and the user
+    site directory have no effect; stdout carries only the protocol."""
+    bin_dir = wrapper_dir(tmp_path)
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    for name in ("json.py", "sitecustomize.py", "usercustomize.py", "startup.py"):
+        (evil / name).write_text("import sys; sys.__stdout__.write('PWNED\\n')\n")
+    env = {
+        **server_env(None, None),
+        "PYTHONINSPECT": "1",
+        "PYTHONSTARTUP": str(evil / "startup.py"),
+        "PYTHONPATH": str(evil),
+        "PYTHONUSERBASE": str(evil),
+        "PYTHONWARNINGS": "always",
+        "PYTHONDEVMODE": "1",
+        "PYTHONVERBOSE": "1",
+    }
+    with raw_server([str(bin_dir / "bounded-query-mcp")], env) as server:
+        assert server.ask(initialize(0))["result"]["protocolVersion"] == "2025-11-25"
+        assert server.ask(request(1, "ping"))["result"] == {}
+        lines, stderr, status = server.close()
+    assert len(lines) == 2
+    assert all(json.loads(line)["jsonrpc"] == "2.0" for line in lines)
+    assert (stderr, status) == (b"", 0)
