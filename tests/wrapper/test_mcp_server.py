@@ -520,6 +520,9 @@ def test_mcp_file_is_stdlib_only_python_3_8_without_relative_imports():
 
 def test_installed_copy_runs_isolated_from_the_wrapper_directory(tmp_path):
     bin_dir = wrapper_dir(tmp_path)
+    copy = bin_dir / "bounded-query-mcp"
+    assert copy.read_bytes() == MCP_FILE.read_bytes()
+    assert copy.stat().st_mode & 0o777 == 0o555
     with recorded_server(Reply([http_reply(OK)])) as broker:
         env = {"PATH": "/usr/bin:/bin", "AWF_BOUNDED_QUERY_SOCKET": broker.path}
         command = [sys.executable, "-I", "-S", str(bin_dir / "bounded-query-mcp")]
