@@ -262,6 +262,39 @@ def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
     return 0
 
 
+def _cmd_images(_args: argparse.Namespace, sink: EventSink) -> int:
+    from .images import build_images, recipe_script
+
+    results = build_images()
+    for recipe, status in results:
+        if status == 0:
+            sink.emit("image_ready", image=recipe.image, what=recipe.what)
+        else:
+            message = (
+                f"the recipe {recipe_script(recipe)} is missing (broken installation)"
+                if status == 127
+                else f"the build script exited with status {status} (see its output above)"
+            )
+            sink.emit("image_failed", image=recipe.image, what=recipe.what, message=message)
+            return EXIT_HARNESS
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace, sink: EventSink) -> int:
+    from .report import load_state, report_document, report_markdown
+
+    try:
+        state = load_state(Path(args.state))
+    except FileNotFoundError as exc:
+        sink.emit("usage_error", message=f"--state: {exc}")
+        return EXIT_HARNESS
+    if args.json:
+        sys.stdout.write(json.dumps(report_document(state), indent=2) + "\n")
+    else:
+        sys.stdout.write(report_markdown(state))
+    return 0
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="configuration file, or - for stdin")
     parser.add_argument(
@@ -361,6 +394,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the built-in example end to end")
     demo.set_defaults(handler=_cmd_demo)
+
+    images = sub.add_parser(
+        "images", help="build and verify every image the harness needs (no registry)"
+    )
+    images.set_defaults(handler=_cmd_images)
+
+    report = sub.add_parser(
+        "report", help="print the summary of a kept or crashed run from its private root"
+    )
+    report.add_argument(
+        "--state", required=True, help="the run's private root (awf-bounded-query-private-*)"
+    )
+    report.add_argument("--json", action="store_true", help="one JSON document instead")
+    report.set_defaults(handler=_cmd_report)
 
     from .mcp_config import CLIENTS, CONFIG_FILES, SERVER_COMMAND
 

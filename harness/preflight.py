@@ -254,6 +254,8 @@ def _docker_client(docker_host: str) -> Any:
 
 
 def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem]:
+    from .images import missing_hint  # images -> agent_spec -> preflight
+
     unreachable = _docker_host_problems({"DOCKER_HOST": docker_host})
     if unreachable:
         # Checked first: the SDK leaks a socket when it cannot connect at all.
@@ -272,7 +274,7 @@ def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem
                 Problem(
                     "image",
                     f"query image {image} is not present (nothing can be pulled)",
-                    "build it: make images",
+                    missing_hint(image),
                 )
             )
         if runtime == "gvisor" and "runsc" not in (info.get("Runtimes") or {}):

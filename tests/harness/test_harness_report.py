@@ -95,3 +95,17 @@ def test_unreadable_seed_map_and_journal_are_notes_not_crashes(tmp_path):
 def test_a_state_path_that_is_not_a_directory_is_the_callers_fault(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         load_state(tmp_path / "nothing-here")
+
+
+def test_report_command_prints_markdown_or_json(tmp_path, capsys):
+    from bounded_query.harness.__main__ import main
+
+    root = _kept_root(tmp_path)
+    assert main(["report", "--state", str(root)]) == 0
+    assert "| `octo/alpha` | internal | 64 | 19 |" in capsys.readouterr().out
+    assert main(["report", "--state", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["repos"][0]["spentBits"] == 19
+    assert main(["report", "--state", str(tmp_path / "gone")]) == 2
+    err = capsys.readouterr().err
+    assert "--state:" in err
+    assert "is not a directory" in err
