@@ -11,6 +11,7 @@ import base64
 import json
 import re
 
+import pytest
 from bounded_query.broker.protocol import (
     MAX_RESULT_BYTES,
     MAX_SAFE_INTEGER,
@@ -119,6 +120,64 @@ def test_charge_monotone_in_cardinality(a, b) -> None:
         assert charge(pa) <= charge(pb)
     else:
         assert charge(pa) >= charge(pb)
+
+
+def _oracle_depth(schema: dict) -> int:
+    """Depth of the deepest node, the root being depth 0 (spec 14.3 as the reference reads it)."""
+    kind = schema["type"]
+    if kind == "array":
+        subs = [schema["items"]]
+    elif kind == "tuple":
+        subs = schema["items"]
+    elif kind in ("object", "union"):
+        subs = list(schema["fields" if kind == "object" else "variants"].values())
+    else:
+        return 0
+    return 1 + max(_oracle_depth(sub) for sub in subs)
+
+
+def _nodes_of(schema: dict) -> int:
+    return json.dumps(schema).count('"type"')
+
+
+@SLOW
+@given(
+    valid_schema_objs(max_depth=4, max_len=4),
+    st.sampled_from(["array", "object", "tuple", "union"]),
+)
+def test_depth_boundary_holds_for_any_schema(schema, kind) -> None:
+    """Wrapped to a deepest node at depth 6 a schema stays valid; at depth 7 it is refused."""
+
+    def wrap(node: object) -> dict:
+        if kind == "array":
+            return {"type": "array", "items": node, "length": 1}
+        if kind == "tuple":
+            return {"type": "tuple", "items": [node]}
+        key = "fields" if kind == "object" else "variants"
+        return {"type": kind, key: {"w": node}}
+
+    node = schema
+    for _ in range(6 - _oracle_depth(schema)):
+        node = wrap(node)
+    assume(_nodes_of(node) < 64 and len(json.dumps(node, separators=(",", ":"))) < 4000)
+    assert _oracle_depth(node) == 6
+    assert cardinality(parse_schema(node)) == cardinality(parse_schema(schema))
+    with pytest.raises(SchemaError, match=r": nesting deeper than 6$"):
+        parse_schema(wrap(node))
+
+
+@SLOW
+@given(schema_objs())
+def test_generated_schemas_never_break_depth_or_emptiness(schema) -> None:
+    """The strategies follow the reference's rules: at most depth 6, no empty container."""
+    assert _oracle_depth(schema) <= 6
+    try:
+        parse_schema(schema)
+        message = ""
+    except SchemaError as exc:
+        message = str(exc)
+    assert "nesting deeper" not in message
+    assert "must have 1 to" not in message
 
 
 @given(st.integers(1, 2**1100))
