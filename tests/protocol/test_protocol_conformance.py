@@ -3,7 +3,8 @@
 Each row of the table is one parametrized case, named by its ``id``. The
 schema rows judge the schema text exactly as the broker judges the decoded
 ``X-AWF-Schema-B64`` header (raw size, strict JSON, then the finite DSL) and
-send the same text through :func:`parse_frame`, which must agree; output rows
+send the same text through :func:`parse_frame` and the agent's
+``bounded-query-cost`` assessment, which must agree; output rows
 run :func:`check_output`; frame rows run :func:`parse_frame`. The table's
 shape is checked strictly, so a misspelt key fails instead of being ignored.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import bounded_query.broker.protocol as protocol
 import pytest
 import yaml
 from bounded_query.broker.protocol import (
@@ -31,6 +33,7 @@ from bounded_query.broker.protocol import (
     parse_schema,
     strict_parse_json,
 )
+from bounded_query.wrapper.bounded_query_cost import assess
 
 TABLE_FILE = Path(__file__).with_name("conformance.yaml")
 TABLE: dict[str, list[dict[str, Any]]] = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
@@ -123,6 +126,11 @@ def test_schema_row(row: dict[str, Any]) -> None:
         assert schema is None
         assert {"cardinality", "charge", "canonical"}.isdisjoint(row)
         assert error == row["error"]
+    # The agent's cost tool gives the same verdict and charge.
+    verdict = assess(raw, protocol)
+    assert verdict.valid == row["valid"]
+    assert verdict.charge == row.get("charge", 0)
+    assert (verdict.error is None) == row["valid"]
     # The wire form agrees: the same bytes as the X-AWF-Schema-B64 header.
     request, frame_error = frame(_DEFAULT_HEADERS, encode_schema_header(raw), b"print(1)\n")
     if row["valid"]:
