@@ -23,15 +23,19 @@ Rules where the reference implementation is the arbiter (DESIGN.md decision 6,
   at least one field and a tuple at least one item: an empty container is
   refused with its location, like an empty enum (a constant answer is
   written ``const``); array ``length`` is 0..64 (length 0 has cardinality 1);
+* the integer token ``-0`` is the integer 0 (the strict parser reads it so).
 
-Deliberate strict-side deviations from the reference (DESIGN.md decision 6):
+Further rules; "(decision 6)" marks a deliberate strict-side deviation from
+the reference (tests/protocol/conformance.yaml has a row for each):
+
 * integer bounds and integer literals are plain safe integers: Python ``int``
   (never ``bool``, ``float`` or a :class:`NumberToken`) with
-  ``|n| <= 2**53 - 1``, and ``minimum <= maximum``; the strict parser reads
-  the integer token ``-0`` as the int 0 (as the reference does), while
-  ``-0.0``, ``-0e0``, ``1.0`` and ``1e0`` stay number tokens and are refused;
-* literal strings are valid Unicode (no lone surrogates), at most 64 UTF-8
-  bytes, with no C0, DEL or C1 control character;
+  ``|n| <= 2**53 - 1``, and ``minimum <= maximum``; a number token with a
+  fraction or an exponent (``1.0``, ``1e0``, ``-0.0``, ``-0e0``) is refused
+  (decision 6);
+* literal strings are valid Unicode (no lone surrogates: decision 6), at
+  most 64 UTF-8 bytes, with no C0, DEL or C1 control character (DEL and C1:
+  decision 6);
 * field names and union tags fullmatch ``[A-Za-z][A-Za-z0-9_]{0,63}``;
 * the compact serialization (``separators=(",", ":")``,
   ``ensure_ascii=False``, UTF-8) must be at most MAX_SCHEMA_BYTES; it is
