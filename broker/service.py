@@ -38,10 +38,16 @@ would not help (the wake-up at the delayed moment is just as late under
 load; only the sampling rate drops). So a refusal raised while a request
 holds the lane waits for that request's answer and leaves with it
 (:meth:`Service.hold_refusal`): during a query the broker answers nothing
-before the query's own bucketed answer, which the agent sees anyway. When
-the lane is idle nothing secret is running and refusals leave at once.
-Floods stay bounded (the connection cap, and ``server.py``'s hold cap on
-excess connections); counting is unchanged (after the answer).
+before the query's own bucketed answer, which the agent sees anyway. The
+same gate stops all other client I/O (``server.py``, ``http.py``): while a
+request holds the lane unanswered the server accepts no connection (a
+pending accept is cancelled, :meth:`Service.cancelled_when_gate_closes`;
+new connections wait in the kernel's listen backlog), reads nothing (read
+deadlines count only time spent reading) and sends no ``100 Continue``, so
+neither a full backlog nor a tiny socket buffer lets the client time the
+broker. When the lane is idle nothing secret is running and refusals leave
+at once. Floods stay bounded (the connection cap and the listen backlog);
+counting is unchanged (after the answer).
 
 Overflow halts the run (issue 9 part 6; reasoning in ``timing.py``). When
 the watchdog answers an overflow, the run stops serving: the requests queued
