@@ -20,12 +20,17 @@ container, so nothing changes the tree while they work.
   ``..``, checking device and inode both ways. Directories are made
   writable before their entries are removed, so a script that chmod'ed its
   tree read-only cannot make cleanup fail. Names are opaque bytes-safe
-  strings: newlines and other odd names need no special case.
+  strings: newlines and other odd names need no special case. A workspace
+  that is itself a mount point (the runner's per-invocation tmpfs,
+  ``sandbox/storage.py``, left behind when the broker was killed during an
+  invocation) is unmounted first with :func:`unmount` (lazily if busy).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import errno
 import os
 import stat
@@ -33,9 +38,36 @@ from pathlib import Path
 
 from bounded_query.broker.protocol import MAX_RESULT_BYTES
 
-__all__ = ["read_result_file", "remove_tree"]
+__all__ = ["read_result_file", "remove_tree", "unmount"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MNT_DETACH = 0x2
+#: umount2 errors meaning "nothing mounted there".
+_NOT_MOUNTED = frozenset({errno.EINVAL, errno.ENOENT})
+
+
+def unmount(target: Path) -> str:
+    """Unmount ``target``; return ``"unmounted"``, ``"detached"`` or ``"absent"``.
+
+    A busy file system is detached (lazy unmount): it disappears from the
+    tree at once and is freed when its last user goes. A thin ``umount2(2)``
+    call through ctypes (no ``umount`` binary, no PATH lookup).
+
+    Raises:
+        OSError: neither unmount worked (for example EPERM without privilege).
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    path = os.fsencode(target)
+    if libc.umount2(path, 0) == 0:
+        return "unmounted"
+    if ctypes.get_errno() in _NOT_MOUNTED:
+        return "absent"
+    if libc.umount2(path, _MNT_DETACH) == 0:
+        return "detached"
+    code = ctypes.get_errno()
+    if code in _NOT_MOUNTED:
+        return "absent"
+    raise OSError(code, os.strerror(code), str(target))
 
 
 def read_result_file(path: Path, limit: int = MAX_RESULT_BYTES) -> bytes | None:
@@ -139,6 +171,9 @@ def remove_tree(path: Path) -> bool:
     """
     try:
         info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode) and info.st_dev != os.lstat(path.parent).st_dev:
+            unmount(path)  # a workspace tmpfs left mounted (module docstring)
+            info = os.lstat(path)
         if not stat.S_ISDIR(info.st_mode):
             os.unlink(path)
         else:

@@ -50,6 +50,7 @@ from .overlay import (
     prep_container_body,
     seed_volumes,
 )
+from .pagecache import PIN_READY, pin_container_body
 from .spec import (
     QUERY_GID,
     QUERY_UID,
@@ -80,6 +81,10 @@ API_TIMEOUT_S = 60
 PROBE_TIMEOUT_S = 60
 #: How long preparing one seed's view layer may take (once per seed and run).
 PREP_TIMEOUT_S = 600
+#: How long the pin container may take to lock the image's pages.
+PIN_TIMEOUT_S = 120
+#: How often its readiness line is looked for.
+PIN_POLL_S = 0.1
 #: Workspace subdirectories of the copy-on-write overlay (sandbox/overlay.py).
 UPPER_DIR_NAME = "upper"
 WORK_DIR_NAME = "work"
@@ -103,6 +108,8 @@ class RunOptions:
     entrypoint_args: tuple[str, ...] = ()
     collect_timings: bool = False
     materialize: str = "overlay"
+    #: Keep the image's pages locked in memory for the run (sandbox/pagecache.py).
+    pin_page_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.materialize not in MATERIALIZE_MODES:
@@ -241,6 +248,9 @@ class DockerRunner:
         self.host_cpus = os.cpu_count() or 1
         #: whether the last invocation had its own tmpfs (None: none ran yet)
         self.isolated_storage: bool | None = None
+        #: whether the image's pages are pinned (None: not tried since reconcile)
+        self.page_cache_pinned: bool | None = None
+        self._pin_lock = trio.Lock()
 
     def _default_client(self) -> Any:
         import docker  # imported lazily: the pure modules never need it
@@ -321,6 +331,9 @@ class DockerRunner:
         hmap = self.settings.host_path_map
         seed_host = translate_host_path(str(invocation.seed_dir), hmap)
         view: str | None = None
+        if self.options.pin_page_cache and self.page_cache_pinned is None:
+            with clock("pin"):
+                await self._ensure_pinned()
         if self.options.materialize == "overlay":
             with clock("view"):
                 view = await self._ensure_view(seed_host)
@@ -541,12 +554,51 @@ class DockerRunner:
         for an unusable seed; a no-op in tmpfs mode.
         """
         ready: dict[str, bool] = {}
+        if self.options.pin_page_cache:
+            await self._ensure_pinned()
         if self.options.materialize != "overlay":
             return ready
         for seed_dir in seed_dirs:
             seed_host = translate_host_path(str(seed_dir), self.settings.host_path_map)
             ready[str(seed_dir)] = await self._ensure_view(seed_host) is not None
         return ready
+
+    # -- page-cache pin (sandbox/pagecache.py) ------------------------------
+
+    async def _ensure_pinned(self) -> bool:
+        """Start the run's pin container once (after each reconcile); True when pinned."""
+        async with self._pin_lock:
+            if self.page_cache_pinned is None:
+                self.page_cache_pinned = await self._start_pinner()
+            return self.page_cache_pinned
+
+    async def _start_pinner(self) -> bool:
+        """Create and start the pin container; wait for its readiness line.
+
+        Never raises: a pin container that cannot start or lock is removed
+        and queries run unpinned (the page-cache channel is then open).
+        """
+        body = pin_container_body(self.settings)
+        name = f"bq-{self.settings.run_id[:16]}-pin"
+        container_id: str | None = None
+        try:
+            created = await self._call(self.api.create_container_from_config, body, name)
+            container_id = str(created["Id"])
+            await self._call(self.api.start, container_id)
+            with trio.move_on_after(PIN_TIMEOUT_S):
+                while True:
+                    logs = await self._call(self.api.logs, container_id, stdout=True, stderr=False)
+                    if PIN_READY.encode() in bytes(logs):
+                        return True
+                    state = (await self._call(self.api.inspect_container, container_id))["State"]
+                    if not state.get("Running"):
+                        break
+                    await trio.sleep(PIN_POLL_S)
+        except Exception:
+            pass
+        with trio.CancelScope(shield=True):
+            await self._remove(container_id or name)
+        return False
 
     # -- reconcile ---------------------------------------------------------
 
@@ -572,6 +624,7 @@ class DockerRunner:
             if not ok:
                 raise RunnerUnavailable(f"cannot remove query container {entry['Id'][:12]}")
             removed += 1
+        self.page_cache_pinned = None  # its container was just removed
         async with self._view_lock:
             self._views.clear()
             try:

@@ -34,19 +34,20 @@ unmount and, when it is a small regular file, written again into the now
 empty directory underneath, so :attr:`Invocation.result_path` keeps its
 meaning for the broker.
 
-The sizing is pure; :func:`mount_tmpfs` and :func:`unmount` are thin
-``mount(2)``/``umount2(2)`` calls through ctypes (no ``mount`` binary, no
-PATH lookup).
+The sizing is pure; :func:`mount_tmpfs` is a thin ``mount(2)`` call through
+ctypes (no ``mount`` binary, no PATH lookup); :func:`unmount` is the
+broker's workspace teardown's (``broker/workspace.py``), re-exported.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from bounded_query.broker.workspace import unmount
 
 __all__ = [
     "BYTES_PER_INODE",
@@ -72,9 +73,6 @@ MODE = 0o700
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MS_SHARED = 1 << 20
-_MNT_DETACH = 0x2
-#: umount2 errors meaning "nothing mounted there".
-_NOT_MOUNTED = frozenset({errno.EINVAL, errno.ENOENT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,26 +135,3 @@ def make_shared(target: Path) -> None:
     """
     if _libc().mount(None, os.fsencode(target), None, ctypes.c_ulong(_MS_SHARED), None) != 0:
         _raise(target)
-
-
-def unmount(target: Path) -> str:
-    """Unmount ``target``; return ``"unmounted"``, ``"detached"`` or ``"absent"``.
-
-    A busy file system is detached (lazy unmount): it disappears from the
-    tree at once and is freed when its last user goes.
-
-    Raises:
-        OSError: neither unmount worked.
-    """
-    libc = _libc()
-    path = os.fsencode(target)
-    if libc.umount2(path, 0) == 0:
-        return "unmounted"
-    if ctypes.get_errno() in _NOT_MOUNTED:
-        return "absent"
-    if libc.umount2(path, _MNT_DETACH) == 0:
-        return "detached"
-    if ctypes.get_errno() in _NOT_MOUNTED:
-        return "absent"
-    _raise(target)
-    raise AssertionError("unreachable")  # pragma: no cover

@@ -37,11 +37,13 @@ class FakeAPI:
         self.images = {"bounded-query-python:latest"}
         self.listed: list[dict[str, str]] = []
         self.prep_exit = 0
+        self.running = False
         #: the workspace to look at while the container "runs", and what the
         #: "script" writes to its result file
         self.watch: Path | None = None
         self.answer: bytes | None = None
         self.seen: dict[str, object] = {}
+        self.pin_logs = b"awf-pinned 4539 181403648\n"
 
     # containers
     def create_container_from_config(self, body, name):
@@ -76,7 +78,7 @@ class FakeAPI:
         return {"StatusCode": self.prep_exit if is_prep else self.exit_code}
 
     def inspect_container(self, cid):
-        return {"State": {"OOMKilled": self.oom}}
+        return {"State": {"OOMKilled": self.oom, "Running": self.running}}
 
     def remove_container(self, cid, v=False, force=False):
         self.calls.append(("remove", cid))
@@ -94,6 +96,8 @@ class FakeAPI:
         return self.listed
 
     def logs(self, cid, stdout=True, stderr=True):
+        if stdout and not stderr:  # the pin container's readiness line
+            return self.pin_logs
         return b"awf-timing materialize=0.5 run=0.25\n"
 
     # volumes
@@ -129,7 +133,7 @@ def make(runtime="docker", *, timeout_s=30, materialize="tmpfs", options=None):
     cfg = RunnerSettings(runtime, "ab" * 16, "bounded-query-python:latest", timeout_s, MEMORY)
     runner = DockerRunner(
         cfg,
-        options=options or RunOptions(materialize=materialize),
+        options=options or RunOptions(materialize=materialize, pin_page_cache=False),
         client_factory=lambda: api,
     )
     return runner, api
@@ -346,4 +350,33 @@ async def test_cancellation_still_removes(tmp_path, autojump_clock):
     api.block_wait = True
     with trio.move_on_after(0.5):
         await runner.run(invocation(tmp_path))
+    assert api.containers_alive == set()
+
+
+async def test_page_cache_pin_starts_once_and_reconcile_resets_it(tmp_path):
+    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    assert await runner.warm([]) == {}
+    assert runner.page_cache_pinned is True
+    pin = api.calls[0]
+    assert pin == ("create", "bq-abababababababab-pin")
+    body = api.last_body
+    assert body["Labels"]["bounded-query.role"] == "page-cache-pin"
+    assert body["HostConfig"]["CapDrop"] == ["ALL"]
+    assert body["HostConfig"]["NetworkMode"] == "none"
+    assert body["User"] == "65534:65534"
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure is None
+    assert [c for c in api.calls if c[0] == "create"].count(pin) == 1  # not started again
+    api.listed = [{"Id": cid} for cid in sorted(api.containers_alive)]
+    await runner.reconcile()
+    assert runner.page_cache_pinned is None
+
+
+async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, autojump_clock):
+    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    api.pin_logs = b""
+    api.running = True
+    report = await runner.run(invocation(tmp_path))
+    assert report.failure is None  # queries still run, unpinned
+    assert runner.page_cache_pinned is False
     assert api.containers_alive == set()
