@@ -300,17 +300,22 @@ def compose_document(
 def write_compose_file(path: Path, document: Mapping[str, Any], paths: RunPaths) -> None:
     """Write the compose file (JSON is YAML) and give the socket to the agent's group.
 
-    The socket directory becomes ``root:65534`` 0770 and the broker config's
-    ``socketGid`` 65534, so the broker creates the socket ``root:65534`` 0660:
-    the agent service (uid/gid 65534) can connect, nobody else can.
+    The socket directory becomes ``root:<gid>`` 0770 and the broker config's
+    ``socketGid`` that gid, so the broker creates the socket ``root:<gid>``
+    0660: the agent can connect, nobody else can. The gid is the one ``run``
+    already chose for its agent, else the agent service's 65534.
     """
     from .outputs import write_json_private
 
     path.write_text(json.dumps(document, indent=2) + "\n")
-    os.chown(paths.socket_dir, 0, AGENT_UID)
-    os.chmod(paths.socket_dir, 0o770)
     broker_config = json.loads(paths.broker_config.read_text())
-    broker_config["socketGid"] = AGENT_UID
+    # ``run --compose`` already chose the group of its own agent (container
+    # or host user); only the detached project's agent service is 65534.
+    gid = broker_config.get("socketGid")
+    gid = AGENT_UID if gid is None else gid
+    os.chown(paths.socket_dir, 0, gid)
+    os.chmod(paths.socket_dir, 0o770)
+    broker_config["socketGid"] = gid
     write_json_private(paths.broker_config, broker_config)
 
 

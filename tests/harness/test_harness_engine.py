@@ -10,12 +10,15 @@ from inside the agent service, ``compose-down`` removes everything.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import secrets
+import shutil
 import subprocess
-import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,16 +73,32 @@ def engine(docker_client):
     return docker_client
 
 
-def agent_argv(tmp_path: Path) -> tuple[str, ...]:
-    """AGENT asking SCHEMA with SCRIPT (both written to ``tmp_path``) three times."""
-    (tmp_path / "script.py").write_text(SCRIPT)
-    (tmp_path / "agent.py").write_text(AGENT)
+#: The agent container's uid: the owner of the workspaces below (the default rule).
+AGENT_UID = 20001
+
+
+@contextlib.contextmanager
+def agent_workspace() -> Iterator[Path]:
+    """A workspace under /var/tmp owned by :data:`AGENT_UID` (the agent container's)."""
+    path = Path(tempfile.mkdtemp(prefix="bq-engine-ws-", dir="/var/tmp"))
+    os.chmod(path, 0o755)
+    os.chown(path, AGENT_UID, AGENT_UID)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def agent_argv(workspace: Path) -> tuple[str, ...]:
+    """AGENT asking SCHEMA with SCRIPT (both in the workspace) three times, in its container."""
+    (workspace / "script.py").write_text(SCRIPT)
+    (workspace / "agent.py").write_text(AGENT)
     return (
-        sys.executable,
-        str(tmp_path / "agent.py"),
+        "python3",
+        str(workspace / "agent.py"),
         json.dumps(SCHEMA),
-        str(tmp_path / "script.py"),
-        str(tmp_path / "report.json"),
+        str(workspace / "script.py"),
+        str(workspace / "report.json"),
     )
 
 
@@ -99,10 +118,9 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
         "boundedQueries:\n  enabled: true\n  privateRepos:\n"
         "    - {repo: octo/alpha, sensitivity: confidential}\n"
     )
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
     stream = io.StringIO()
-    with var_tmp_base() as base, GitHttpServer(served, token) as server:
+    with var_tmp_base() as base, GitHttpServer(served, token) as server, \
+            agent_workspace() as workspace:
         env = {
             "PATH": os.environ["PATH"],
             "GH_TOKEN": token,
@@ -111,17 +129,18 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
         }
         options = RunOptions(
             config_source=str(config),
-            agent=agent_argv(tmp_path),
+            agent=agent_argv(workspace),
             workspace=workspace,
             base=base,
+            allow_insecure_server=True,
         )
         status = await run(options, EventSink(stream), env)
         assert list(base.iterdir()) == []
+        report = json.loads((workspace / "report.json").read_text())
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert status == 0, events
     assert not server.token_seen_in_cmdline
     assert token not in stream.getvalue()
-    report = json.loads((tmp_path / "report.json").read_text())
     # confidential = 8 bits: the first question costs 1 + 5 + 3 = 9 > 8 -> refused.
     # So use the ledger as the oracle: every answer is the canonical error.
     assert report["answers"] == ['{"status":"error"}\n'] * 3
@@ -142,19 +161,19 @@ async def run_agent(
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"boundedQueries": section}))
     stream = io.StringIO()
-    with var_tmp_base() as base:
+    with var_tmp_base() as base, agent_workspace() as workspace:
         options = RunOptions(
             config_source=str(config),
-            agent=agent_argv(tmp_path),
+            agent=agent_argv(workspace),
             seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
+            workspace=workspace,
             base=base,
         )
         status = await run(options, EventSink(stream), {"PATH": os.environ["PATH"]}, starter)
         assert list(base.iterdir()) == []
+        report = workspace / "report.json"
+        answers = json.loads(report.read_text())["answers"] if report.exists() else []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
-    report = tmp_path / "report.json"
-    answers = json.loads(report.read_text())["answers"] if report.exists() else []
     return status, events, answers
 
 
