@@ -245,15 +245,24 @@ def test_installed_cost_tool_ignores_a_hostile_python_environment(
 
 # --- in a real container -----------------------------------------------------------------
 
-QUERY_IMAGE = "bounded-query-python:latest"
+#: The query image (the compose example's agent service) and the default agent image.
+IMAGES = ("bounded-query-python:latest", "bounded-query-agent:latest")
 TEST_LABEL = "bounded-query.test"
 
 
 @pytest.mark.engine
-def test_installed_tools_in_the_debian_image(docker_client, installed: Path) -> None:
-    """Debian's dash and python3 (the image the example agent uses), hostile variables."""
+@pytest.mark.parametrize("image", IMAGES)
+def test_installed_tools_in_the_debian_images(docker_client, installed: Path, image: str) -> None:
+    """Debian's dash and python3 as the agent sees them, with hostile variables."""
     require_engine()
-    docker_client.images.get(QUERY_IMAGE)
+    import docker
+
+    try:
+        docker_client.images.get(image)
+    except docker.errors.ImageNotFound:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{image} missing under CI=true (make images builds it)")
+        pytest.skip(f"{image} not built here (make images)")
     env = {
         "PYTHONWARNINGS": "bogus",
         "PYTHONPATH": "/w/bq_protocol",
@@ -269,7 +278,7 @@ def test_installed_tools_in_the_debian_image(docker_client, installed: Path) -> 
     results = {}
     for name, command in commands.items():
         container = docker_client.containers.create(
-            QUERY_IMAGE,
+            image,
             command=command,
             entrypoint=[],
             environment=env,
