@@ -11,6 +11,7 @@ from bounded_query.broker.timing import (
     TOLERANCE_S,
     TimingOverflow,
     choose_boundary,
+    halted_answer_at,
     next_wake,
     wait_for_boundary,
 )
@@ -159,3 +160,16 @@ async def test_wait_never_returns_early_under_autojump(autojump_clock):
         assert landing.boundary_s == boundary
         assert trio.current_time() - start == pytest.approx(boundary, abs=1e-9)
         await trio.sleep(0.0005)
+
+
+@pytest.mark.parametrize(
+    ("arrived", "halted_at", "expected"),
+    [
+        (0.001, 600.005, 600.015),  # queued before the halt: after the overflow answer
+        (600.005, 600.005, 600.015),
+        (601.0, 600.005, 601.01),  # after it: from its own arrival
+        (10_000.0, 600.005, 10_000.01),
+    ],
+)
+def test_halted_answer_depends_only_on_arrival_and_halt(arrived, halted_at, expected):
+    assert halted_answer_at(arrived, halted_at, 0.01) == pytest.approx(expected, abs=1e-12)
