@@ -363,7 +363,8 @@ async def test_page_cache_pin_starts_once_and_reconcile_resets_it(tmp_path):
     assert body["Labels"]["bounded-query.role"] == "page-cache-pin"
     assert body["HostConfig"]["CapDrop"] == ["ALL"]
     assert body["HostConfig"]["NetworkMode"] == "none"
-    assert body["User"] == "65534:65534"
+    assert body["HostConfig"]["CapAdd"] == ["CAP_IPC_LOCK"]  # and nothing else
+    assert body["HostConfig"]["ReadonlyRootfs"] is True
     report = await runner.run(invocation(tmp_path))
     assert report.failure is None
     assert [c for c in api.calls if c[0] == "create"].count(pin) == 1  # not started again
@@ -372,10 +373,16 @@ async def test_page_cache_pin_starts_once_and_reconcile_resets_it(tmp_path):
     assert runner.page_cache_pinned is None
 
 
-async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, autojump_clock):
+async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, monkeypatch):
+    from bounded_query.sandbox import docker_runner
+
+    monkeypatch.setattr(docker_runner, "PIN_TIMEOUT_S", 0.3)
     runner, api = make(options=RunOptions(materialize="tmpfs"))
     api.pin_logs = b""
     api.running = True
+    assert await runner.warm([]) == {}
+    assert api.containers_alive == set()
+    api.running = False
     report = await runner.run(invocation(tmp_path))
     assert report.failure is None  # queries still run, unpinned
     assert runner.page_cache_pinned is False
