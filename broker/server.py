@@ -250,6 +250,7 @@ class BrokerServer:
                 with contextlib.suppress(OSError):
                     await trio.to_thread.run_sync(clear_work_root, config.work_root)
                 if self.service is not None:
+                    await self.service.flush_refusals()
                     await self.service.flush_audit()
                 journal.close()
                 audit.close()

@@ -89,7 +89,11 @@ bytes, and the file itself is capped.
 
 The cap check and the journal append happen under one lock
 (``_journal``), so concurrent refusals and the lane can never count past
-the cap together.
+the cap together. Refusals are counted by group commit
+(:meth:`Service.count_refusal`): one ``admitted`` record each, but one
+append and fsync per batch, and only the connection doing the flush waits
+for the disk, so a flood below the cap cannot keep the connection slots busy
+(a valid request right after it is still served).
 """
 
 from __future__ import annotations
@@ -203,6 +207,9 @@ class Service:
         #: Cancel scopes of client I/O to stop when the gate closes (accept).
         self._gate_watchers: set[trio.CancelScope] = set()
         self._tally = RefusalTally()
+        #: Answered refusals waiting to be counted (at most the cap's room).
+        self._pending_refusals: list[str] = []
+        self._flushing = False
         #: (lane entry, processing end, landing or None on overflow) of the last
         #: answer, on trio's clock; for benchmarks and tests only.
         self.last_timing: tuple[float, float, Landing | None] | None = None
@@ -235,16 +242,67 @@ class Service:
         See the module docstring: every response counts against
         maxInvocations; nothing is journaled once the cap is reached, the
         journal has failed or the run is halted, and such an uncounted
-        refusal only adds to the audit tally. Never raises on a journal or
-        audit failure.
+        refusal only adds to the audit tally. Counting is a group commit:
+        the refusal joins the pending batch, and the first caller to find
+        no flush in progress writes every pending refusal (one ``admitted``
+        record each, one fsync per batch) while the others return at once,
+        so a flood never keeps more than one connection waiting for the disk.
+        Never raises on a journal or audit failure.
         """
-        if not self.broken and self.halted_at is None:
-            candidate = self._new_id()
-            with contextlib.suppress(OSError, CapReached):
-                await self._journal([Admitted(candidate, rejection=reason)])
-                await self.audit(AuditRecord(candidate, reason, wall_time=round(time.time(), 3)))
-                return
-        await self.tally(reason)
+        pending = len(self._pending_refusals)
+        if (
+            self.broken
+            or self.halted_at is not None
+            or self.ledger.invocations + pending >= self.config.max_invocations
+        ):
+            await self.tally(reason)
+            return
+        self._pending_refusals.append(reason)
+        if not self._flushing:
+            await self.flush_refusals()
+
+    async def flush_refusals(self) -> None:
+        """Journal and audit every pending refusal, batch by batch (also at shutdown)."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self._pending_refusals:
+                batch, self._pending_refusals = self._pending_refusals, []
+                await self._count_batch(batch)
+        finally:
+            self._flushing = False
+
+    async def _count_batch(self, batch: list[str]) -> None:
+        """Journal as many of ``batch`` as the cap allows (one append); tally the rest."""
+        counted = await self._journal_refusals(batch)
+        wall = round(time.time(), 3)
+        lines = [AuditRecord(r.invocation_id, r.rejection or "", wall_time=wall) for r in counted]
+        if lines:
+            await trio.to_thread.run_sync(self._write_lines, lines)
+        for reason in batch[len(counted) :]:
+            await self.tally(reason)
+
+    async def _journal_refusals(self, batch: list[str]) -> list[Admitted]:
+        """The records journaled for the head of ``batch`` (none if broken, halted or full)."""
+        while not self.broken and self.halted_at is None:
+            room = max(0, self.config.max_invocations - self.ledger.invocations)
+            records = [Admitted(self._new_id(), rejection=reason) for reason in batch[:room]]
+            if not records:
+                return []
+            try:
+                await self._journal(records)
+            except CapReached:
+                continue  # the lane took a slot meanwhile: recompute the room
+            except OSError:
+                return []  # the service is broken now
+            return records
+        return []
+
+    def _write_lines(self, records: Sequence[AuditRecord]) -> None:
+        for record in records:
+            with contextlib.suppress(OSError):
+                self.audit_log.write(record)
 
     async def audit(self, record: AuditRecord) -> None:
         """Write one audit line; an audit failure never changes an answer."""

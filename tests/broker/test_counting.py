@@ -8,8 +8,11 @@ from __future__ import annotations
 import os
 
 import trio
+from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.journal import Admitted, JournalFile
+from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.server import BrokerServer
+from bounded_query.broker.service import Service
 
 from tests.broker.helpers import RUN_ID, body_of, exchange, load, make_root, request_bytes
 from tests.fakes.runner import ScriptedRunner
@@ -100,3 +103,35 @@ async def test_concurrent_refusals_and_requests_never_count_past_the_cap(tmp_pat
     assert len(bodies) == 30
     assert bodies.count(OK_TRUE) == len(runner.calls) <= cap
     assert len(_admitted(config)) == cap
+
+
+async def test_concurrent_refusals_are_counted_in_shared_appends(tmp_path):
+    """Group commit: every refusal gets its own record, far fewer fsyncs, never past the cap."""
+    cap = 150
+    config, seed_map = load(make_root(tmp_path, max_invocations=cap))
+    journal = JournalFile.open(config.journal_path, RUN_ID)
+    appends: list[int] = []
+    real_append = journal.append
+
+    def counting_append(records, sync=True):
+        appends.append(len(records))
+        return real_append(records, sync)
+
+    journal.append = counting_append  # type: ignore[method-assign]
+    audit = AuditLog(config.audit_path)
+    service = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(200):
+                nursery.start_soon(service.count_refusal, "http-malformed")
+        await service.flush_refusals()
+        assert service.ledger.invocations == cap
+        assert sum(appends) == cap  # one record per counted refusal
+        assert len(appends) < cap / 5  # but batched: far fewer appends
+        assert dict(service._tally.pending) == {"http-malformed": 50}  # past the cap
+    finally:
+        journal.close()
+        audit.close()
+    assert [r.rejection for r in _admitted(config)] == ["http-malformed"] * cap
+    lines = config.audit_path.read_bytes().splitlines()
+    assert len(lines) == cap

@@ -80,3 +80,37 @@ async def test_a_flood_past_the_cap_costs_no_journal_and_bounded_audit(tmp_path)
             counts[category] = counts.get(category, 0) + number
     # Every refusal is accounted for, by category; none was lost or doubled.
     assert counts == {"http-malformed": MALFORMED, "max-invocations": WELL_FORMED + 1}
+
+
+async def test_after_a_flood_below_the_cap_a_valid_request_is_still_served(tmp_path):
+    """Below the cap every refusal is counted (journaled, one audit line each)."""
+    flood = 600
+    doc = make_root(tmp_path, max_invocations=flood + 10)
+    sock = os.fspath(doc["socketPath"])
+    private = Path(str(doc["privateRoot"]))
+    audit = private / "audit" / "audit.jsonl"
+    proc = start_broker(tmp_path / "broker.json")
+    try:
+        limiter = trio.Semaphore(32)
+
+        async def one() -> None:
+            async with limiter:
+                assert await exchange(sock, GARBAGE, limit_s=60) == response_bytes(ERROR)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(flood):
+                nursery.start_soon(one)
+        ok = response_bytes(b'{"status":"ok","result":true}')
+        assert await exchange(sock, request_bytes(OK_SCRIPT), limit_s=10) == ok
+        # Refusals are counted (one fsync'd append each) after their answers.
+        with trio.fail_after(120):
+            while len(audit.read_bytes().splitlines()) < flood + 1:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    lines = [json.loads(line) for line in audit.read_bytes().splitlines()]
+    refusals = [line for line in lines if line["category"] == "http-malformed"]
+    assert len(refusals) == flood
+    assert all(line["invocationId"] != "-" for line in refusals)  # each one was journaled
+    assert [line["category"] for line in lines if line not in refusals] == ["ok"]
