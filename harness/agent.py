@@ -180,7 +180,7 @@ class _Terminal:
 
         self._fd = fd
         self._saved = termios.tcgetattr(fd)
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSANOW)  # not TCSAFLUSH: keep what was typed ahead
 
     def restore(self) -> None:
         import termios
