@@ -7,7 +7,7 @@ the broker idle, then while a query creates 30,000 files in its ``/query``
 tmpfs. A refusal answered at once shows the query's load (and the moment
 it ends); a gated one leaves with the query's bucketed answer.
 
-    flock /tmp/bq-engine.lock python tests/bench/bench_refusal_clock_engine.py [RUNTIME]
+    flock /tmp/bq-engine.lock python tests/bench/bench_refusal_clock_engine.py [docker|gvisor]
 
 ``BQ_BROKER_PYTHONPATH`` (optional) is put first on the broker's
 ``PYTHONPATH``, to measure another checkout of the package (the "before").
