@@ -182,7 +182,9 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
     try:
         ensure_broker_image(prepared.docker_host)
         out_dir.mkdir(parents=True, exist_ok=True)
-        document = compose_document(prepared.paths, prepared.config, prepared.run_id)
+        document = compose_document(
+            prepared.paths, prepared.config, prepared.run_id, workspace=options.workspace
+        )
         write_compose_file(compose_file, document, prepared.paths)
         state = {
             "project": project,

@@ -244,8 +244,24 @@ def compose_document(
     run_id: str,
     *,
     docker_socket: str = "/var/run/docker.sock",
+    workspace: Path | None = None,
 ) -> dict[str, Any]:
-    """The compose project: broker service and example agent service."""
+    """The compose project: broker service and example agent service.
+
+    The agent service is confined like ``run``'s agent container (issue 8):
+    a non-root user, every capability dropped, no-new-privileges, its own
+    PID namespace, no network, a read-only root file system, and only the
+    socket directory (rw), the skill/wrapper directory (ro) and, when given,
+    the workspace (rw, at its host path) as mounts.
+    """
+    agent_volumes = [
+        f"{paths.socket_dir}:{AGENT_SOCKET_DIR}:rw",
+        f"{paths.skill_dir}:{AGENT_SKILL_DIR}:ro",
+    ]
+    agent_extra: dict[str, Any] = {}
+    if workspace is not None:
+        agent_volumes.append(f"{workspace}:{workspace}:rw")
+        agent_extra["working_dir"] = str(workspace)
     private = str(paths.private_root)
     ready = str(paths.ready_file)
     healthcheck = f"import os, sys; sys.exit(0 if os.path.exists({ready!r}) else 1)"
@@ -278,13 +294,13 @@ def compose_document(
                 "network_mode": "none",
                 "user": f"{AGENT_UID}:{AGENT_UID}",
                 "read_only": True,
+                "cap_drop": ["ALL"],
+                "security_opt": ["no-new-privileges:true"],
                 "entrypoint": ["/usr/bin/sleep", "infinity"],
                 "stop_signal": "SIGKILL",
                 "depends_on": {BROKER_SERVICE: {"condition": "service_healthy"}},
-                "volumes": [
-                    f"{paths.socket_dir}:{AGENT_SOCKET_DIR}:rw",
-                    f"{paths.skill_dir}:{AGENT_SKILL_DIR}:ro",
-                ],
+                "volumes": agent_volumes,
+                **agent_extra,
                 "environment": {
                     "AWF_BOUNDED_QUERY_SOCKET": f"{AGENT_SOCKET_DIR}/{paths.socket_path.name}",
                     "AWF_BOUNDED_QUERY_SKILL": f"{AGENT_SKILL_DIR}/SKILL.md",

@@ -219,8 +219,29 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
             document = json.loads(Path(state["composeFile"]).read_text())
             agent = document["services"]["agent"]
             assert agent["network_mode"] == "none"
-            assert len(agent["volumes"]) == 2
+            assert len(agent["volumes"]) == 3
             assert agent["volumes"][1].endswith(":ro")
+            assert agent["volumes"][2] == f"{tmp_path}:{tmp_path}:rw"  # the workspace
+            [container] = engine.containers.list(filters={"label": [
+                f"com.docker.compose.project={state['project']}",
+                "com.docker.compose.service=agent"]})
+            host = container.attrs["HostConfig"]
+            assert host["CapDrop"] == ["ALL"]
+            assert host["SecurityOpt"] == ["no-new-privileges:true"]
+            assert host["PidMode"] in ("", "private")
+            assert host["Privileged"] is False
+            assert host["ReadonlyRootfs"] is True
+            assert container.attrs["Config"]["User"] == "65534:65534"
+            sources = sorted(m["Source"] for m in container.attrs["Mounts"])
+            assert sources == sorted([str(tmp_path), state["ingressRoot"] + "/run",
+                                      state["ingressRoot"] + "/skill"])
+            status_lines = subprocess.run(
+                ["docker-compose", "-p", state["project"], "-f", state["composeFile"], "exec",
+                 "-T", "agent", "cat", "/proc/self/status"],
+                capture_output=True, text=True, check=True, timeout=60,
+            ).stdout
+            assert "CapEff:\t0000000000000000" in status_lines
+            assert "NoNewPrivs:\t1" in status_lines
             broker = document["services"]["bounded-query-broker"]
             assert broker["network_mode"] == "none"
             assert broker["restart"] == "unless-stopped"
