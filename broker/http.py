@@ -136,7 +136,8 @@ async def _next_event(
                 raise HttpReject("http-connection-lost") from exc
         if scope.cancelled_caught:
             raise HttpReject(budget.reason)
-        budget.remaining -= trio.current_time() - started
+        # A receive that returned at the deadline may overshoot it slightly.
+        budget.remaining = max(0.0, budget.remaining - (trio.current_time() - started))
         if record is not None:
             record += data
         try:

@@ -280,3 +280,30 @@ def test_check_raw_head_never_raises(head):
         "http-obs-fold",
         "http-duplicate-content-length",
     }
+
+
+class _LateStream:
+    """Returns its first chunk only after the whole head budget, where no checkpoint sees it."""
+
+    def __init__(self, first: bytes, late_s: float) -> None:
+        self.first, self.late_s = first, late_s
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self.first:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(self.late_s)
+            first, self.first = self.first, b""
+            return first
+        await trio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    async def send_all(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_deadline_overshoot_is_a_timeout_not_a_bug(autojump_clock):
+    """A receive that returns past the head budget spends it: the next wait is a timeout."""
+    stream = _LateStream(b"POST /query HTTP/1.1\r\n", late_s=1.5)
+    with pytest.raises(HttpReject) as caught:
+        await read_request(stream, max_body=MAX_BODY, header_timeout_s=1.0)  # type: ignore[arg-type]
+    assert caught.value.reason == "http-header-timeout"
