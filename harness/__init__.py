@@ -9,7 +9,11 @@ Module map (the file list reads as the pipeline):
 * ``staging``    offline staging: askpass clone, scrub, read-only seeds (14.6)
 * ``skill``      SKILL.md with protocol-computed charges (14.8)
 * ``outputs``    seed map, broker config, wrapper directory (14.6, 14.8)
+* ``tokens``     the staging token wiped from the harness's own environ (14.6)
 * ``run``        broker child, readiness, agent, teardown (exit codes, events)
+* ``agent_spec`` the agent container's body and environment, as values (14.8)
+* ``agent``      the agent in its container or on the host: start, signal, stop
+* ``hostcheck``  the fail-closed probe before a host agent starts (14.8)
 * ``summary``    per-repository usage and the step summary
 * ``events``     JSONL events on stderr, GITHUB_STEP_SUMMARY
 * ``compose``    registry-free broker image and the compose service (14.7)
