@@ -680,6 +680,29 @@ def agent_mode_problems(
     return []
 
 
+def agent_image_problems(docker_host: str, image: str) -> list[Problem]:
+    """The agent container's image must exist locally (nothing is ever pulled)."""
+    import docker
+
+    try:
+        client = docker.DockerClient(base_url=docker_host, timeout=30)
+    except Exception as exc:
+        return [Problem("--agent-image", f"no Docker engine ({exc.__class__.__name__})",
+                        "start the engine (.ci/provision-engine)")]
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return [Problem("--agent-image", f"image {image} is not on the engine",
+                        "build it with `bounded-query-harness images` (or .ci/build-images),"
+                        " or pass --agent-image")]
+    except Exception as exc:
+        return [Problem("--agent-image", f"cannot inspect {image}: {exc.__class__.__name__}",
+                        "check the Docker engine")]
+    finally:
+        client.close()
+    return []
+
+
 _UNCONFINED_NOTE = (
     "the agent runs on the host with the harness's uid (--unconfined-agent): it can read"
     " the staging token, the seeds, the journal and the audit log"
@@ -765,6 +788,10 @@ async def run(
     phase = "preflight"
     user = resolve_agent_user(options)
     refusal = agent_mode_problems(options, user, os.getuid())
+    if not refusal and not options.agent_on_host and options.probe_runtime:
+        refusal = await trio.to_thread.run_sync(
+            agent_image_problems, docker_host_from_env(env), options.agent_image
+        )
     if refusal:
         _problems_event(sink, "preflight_error", refusal)
         sink.emit("preflight_failed", problems=len(refusal))

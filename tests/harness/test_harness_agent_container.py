@@ -10,6 +10,7 @@ label, and the sweep of agent containers a killed harness left behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -124,6 +125,20 @@ async def test_a_missing_image_is_a_harness_failure(setup):
                        EventSink(stream), setup["env"])
     assert status == 2
     assert "agent_failed_to_start" in stream.getvalue()
+    assert list(setup["base"].iterdir()) == []
+
+
+async def test_a_missing_image_fails_preflight_before_staging(setup):
+    stream = io.StringIO()
+    opts = dataclasses.replace(options(setup, ("true",), agent_image="bq-no-such-image:latest"),
+                               probe_runtime=True)
+    status = await run(opts, EventSink(stream), setup["env"])
+    assert status == 2
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    [error] = [e for e in events if e["event"] == "preflight_error"]
+    assert error["location"] == "--agent-image"
+    assert "images" in error["hint"]
+    assert "staging_started" not in [e["event"] for e in events]
     assert list(setup["base"].iterdir()) == []
 
 
