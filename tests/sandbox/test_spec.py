@@ -99,6 +99,7 @@ def test_resource_limits():
     assert hc["MemorySwap"] == MEMORY  # memory = memory + swap: no swap at all
     assert hc["NanoCpus"] == S.CPU_NANOS
     assert hc["PidsLimit"] == S.PIDS_LIMIT
+    assert body("gvisor")["HostConfig"]["PidsLimit"] == S.PIDS_LIMIT_GVISOR  # sentry tasks
     ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]}
     assert ulimits == {
         "nofile": (S.NOFILE_LIMIT, S.NOFILE_LIMIT),
