@@ -8,7 +8,10 @@ hide a broken sandbox.
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,3 +55,35 @@ def docker_client() -> Iterator[Any]:
     client = docker.DockerClient(base_url=f"unix://{DOCKER_SOCKET}", timeout=120)
     yield client
     client.close()
+
+
+def find_python38() -> str | None:
+    """A working python3.8 (the oldest agent-side Python we promise), if present.
+
+    pyenv's versions directory first (its shims may refuse to run), then PATH.
+    """
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    pattern = os.path.join(pyenv_root, "versions", "3.8*", "bin", "python3.8")
+    for candidate in [*sorted(glob.glob(pattern)), shutil.which("python3.8")]:
+        if candidate is None:
+            continue
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        if probe.returncode == 0:
+            return candidate
+    return None
+
+
+def require_python38() -> str:
+    """The python3.8 path; skip (outside CI) or fail (under CI=true) without one."""
+    found = find_python38()
+    if found is not None:
+        return found
+    reason = "no python3.8 interpreter on this machine (pyenv versions or PATH)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"agent-side Python 3.8 test cannot run under CI=true: {reason}")
+    pytest.skip(reason)

@@ -96,7 +96,7 @@ def load_protocol(here: str | None = None) -> ModuleType:
     return protocol
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Assessment:
     """The verdict on one schema: either ``error`` is set, or the cost fields are."""
 

@@ -60,7 +60,7 @@ _VERSION_VALUE = str(PROTOCOL_VERSION).encode("ascii")
 _REQUEST_KEYS = frozenset({"privateRepo", "schema", "script"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Request:
     """A valid bounded-query request (spec 14.3): slug, parsed schema, script text."""
 

@@ -51,6 +51,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Tuple, Union  # noqa: UP035  (Python 3.8, see LiteralValue)
 
 from ._constants import (
     MAX_ARRAY_LENGTH,
@@ -91,11 +92,13 @@ __all__ = [
     "parse_schema",
 ]
 
+# Runtime aliases use typing.Union/Tuple, not ``X | Y``/``tuple[...]``: this
+# package is shipped verbatim to agents (bq_protocol) and imports on Python 3.8.
 #: A literal of const/enum: a string, a safe integer, a boolean or null.
-LiteralValue = str | int | bool | None
+LiteralValue = Union[str, int, bool, None]  # noqa: UP007
 #: A literal tagged with its JSON type, because in Python ``True == 1``:
 #: ``("s", "x")``, ``("i", 1)``, ``("b", True)``, ``("n", None)``.
-LiteralKey = tuple[str, LiteralValue]
+LiteralKey = Tuple[str, LiteralValue]  # noqa: UP006
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -132,7 +135,7 @@ def literal_json(key: LiteralKey) -> str:
     return "null"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ConstNode:
     """``{"type":"const","value":<literal>}``: cardinality 1."""
 
@@ -140,12 +143,12 @@ class ConstNode:
     key: LiteralKey = field(repr=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BooleanNode:
     """``{"type":"boolean"}``: cardinality 2."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EnumNode:
     """``{"type":"enum","values":[...]}``: unique literals of one JSON type."""
 
@@ -153,7 +156,7 @@ class EnumNode:
     keys: frozenset[LiteralKey] = field(repr=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class IntegerNode:
     """``{"type":"integer","minimum":N,"maximum":M}``: inclusive safe range."""
 
@@ -161,7 +164,7 @@ class IntegerNode:
     maximum: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ObjectNode:
     """``{"type":"object","fields":{...}}``: all fields required, in schema order."""
 
@@ -169,14 +172,14 @@ class ObjectNode:
     names: frozenset[str] = field(repr=False, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TupleNode:
     """``{"type":"tuple","items":[...]}``: fixed length, per-position schemas."""
 
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArrayNode:
     """``{"type":"array","items":<schema>,"length":N}``: fixed length, uniform items."""
 
@@ -184,7 +187,7 @@ class ArrayNode:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class UnionNode:
     """``{"type":"union","variants":{...}}``: value is ``{"tag":..,"value":..}``."""
 
@@ -192,19 +195,19 @@ class UnionNode:
     by_tag: Mapping[str, Node] = field(repr=False, compare=False)
 
 
-Node = (
-    ConstNode
-    | BooleanNode
-    | EnumNode
-    | IntegerNode
-    | ObjectNode
-    | TupleNode
-    | ArrayNode
-    | UnionNode
-)
+Node = Union[  # noqa: UP007
+    ConstNode,
+    BooleanNode,
+    EnumNode,
+    IntegerNode,
+    ObjectNode,
+    TupleNode,
+    ArrayNode,
+    UnionNode,
+]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Schema:
     """A parsed, valid response schema (only :func:`parse_schema` builds one).
 

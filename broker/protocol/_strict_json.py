@@ -54,7 +54,7 @@ _SIMPLE_ESCAPES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NumberToken:
     """A well-formed JSON number that is not a plain safe-range integer token."""
 
@@ -240,7 +240,7 @@ def strict_parse_json(
             valid UTF-8, or is not exactly one strict JSON value (see the
             module docstring).
     """
-    if not isinstance(raw, bytes | bytearray | memoryview):
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise JSONError("json: input must be bytes")
     if len(raw) > max_bytes:
         raise JSONError(f"json: input larger than {max_bytes} bytes")

@@ -273,3 +273,25 @@ def test_isolated_copy_really_needs_its_sibling(tmp_path):
     proc = run_tool([sys.executable, "-I", "-S", str(target)], ["--schema", BOOLEAN])
     assert proc.returncode != 0
     assert b"ModuleNotFoundError" in proc.stderr
+
+
+def test_shipped_copy_agrees_on_a_real_python_3_8(wrapper_dir):
+    """The agent image may only have python3.8: the shipped tool and bq_protocol
+    import there (no slotted dataclasses, no runtime ``X | Y``) and give the
+    same verdict, charge and JSON report as here for every conformance schema."""
+    import yaml
+
+    from tests.conftest import require_python38
+
+    python38 = require_python38()
+    table = Path(__file__).resolve().parents[1] / "protocol" / "conformance.yaml"
+    rows = yaml.safe_load(table.read_text(encoding="utf-8"))["schemas"]
+    schemas = [row["schema"] for row in rows if "pad" not in row]
+    assert len(schemas) > 40
+    old = [python38, "-I", "-S", str(wrapper_dir / "bounded-query-cost"), "--json"]
+    new = [sys.executable, "-I", "-S", str(wrapper_dir / "bounded-query-cost"), "--json"]
+    for schema in schemas:
+        there = run_tool(old, [], stdin=schema.encode())
+        here = run_tool(new, [], stdin=schema.encode())
+        assert there.stderr == b"", (schema, there.stderr[-500:])
+        assert (there.returncode, there.stdout) == (here.returncode, here.stdout), schema

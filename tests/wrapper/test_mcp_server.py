@@ -19,6 +19,7 @@ from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
 
+from tests.conftest import require_python38
 from tests.wrapper.fakes import (
     DEADLINE_ENV,
     Reply,
@@ -42,7 +43,6 @@ from tests.wrapper.mcp_fixtures import (
     skill_file,
     wrapper_dir,
 )
-from tests.wrapper.test_wrapper_cli import _python38
 
 OK = b'{"status":"ok","result":true}'
 QUESTION = {"repo": "octo/alpha", "schema": BOOLEAN, "script": "print(1)\n"}
@@ -537,20 +537,19 @@ def test_installed_copy_runs_isolated_from_the_wrapper_directory(tmp_path):
     assert (stderr, status) == (b"", 0)
 
 
-def test_runs_on_a_real_python_3_8():
-    python38 = _python38()
-    if python38 is None:
-        pytest.skip("no python3.8 interpreter here (the ast check above still holds)")
+def test_runs_on_a_real_python_3_8(tmp_path):
+    """The installed copy on the oldest promised agent Python: both tools work."""
+    python38 = require_python38()
+    bin_dir = wrapper_dir(tmp_path)
     with recorded_server(Reply([http_reply(OK)])) as broker, raw_server(
-        [python38, str(MCP_FILE)], server_env(broker.path, None)
+        [python38, str(bin_dir / "bounded-query-mcp")], server_env(broker.path, None)
     ) as server:
         assert server.ask(initialize(0, "2025-06-18"))["result"]["protocolVersion"] == "2025-06-18"
         assert len(server.ask(request(1, "tools/list"))["result"]["tools"]) == 2
         got = server.ask(call(2, "bounded_query", QUESTION))
         assert got["result"]["structuredContent"] == {"status": "ok", "result": True}
-        # The protocol package needs Python >= 3.10: that one tool fails closed.
-        assert server.ask(call(3, "bounded_query_cost", {"schema": BOOLEAN}))["error"][
-            "code"] == -32603
+        cost = server.ask(call(3, "bounded_query_cost", {"schema": BOOLEAN}))
+        assert cost["result"]["structuredContent"]["chargeBits"] == 5
         assert server.ask(request(4, "ping"))["result"] == {}
         _, stderr, status = server.close()
     assert (stderr, status) == (b"", 0)

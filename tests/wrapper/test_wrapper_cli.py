@@ -8,7 +8,6 @@ connected. Also: the copied file is self-contained and Python 3.8 syntax.
 from __future__ import annotations
 
 import ast
-import glob
 import os
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import sys
 
 import pytest
 
+from tests.conftest import require_python38
 from tests.wrapper.fakes import (
     ERROR_LINE,
     WRAPPER_FILE,
@@ -210,29 +210,9 @@ def test_copied_executable_works_in_isolation(tmp_path):
     assert server.requests[0] == server.requests[1]
 
 
-def _python38() -> str | None:
-    """A working python3.8, if this machine has one (pyenv shims may refuse to run)."""
-    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    pattern = os.path.join(pyenv_root, "versions", "3.8*", "bin", "python3.8")
-    for candidate in [*sorted(glob.glob(pattern)), shutil.which("python3.8")]:
-        if candidate is None:
-            continue
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-        if probe.returncode == 0:
-            return candidate
-    return None
-
-
 def test_runs_on_a_real_python_3_8():
     """The agent image may only have an old python3; 3.8 is the floor we promise."""
-    python38 = _python38()
-    if python38 is None:
-        pytest.skip("no python3.8 interpreter here (the ast check above still holds)")
+    python38 = require_python38()
     cmd = [python38, str(WRAPPER_FILE)]
     ok = b'{"status":"ok","result":{"tag":"a","value":[1,"\xc3\xa9\\n"]}}'
     with recorded_server(Reply([http_reply(ok)])) as server:

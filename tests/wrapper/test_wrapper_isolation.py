@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from bounded_query.harness.outputs import install_wrapper_dir
 
-from tests.conftest import require_engine
+from tests.conftest import require_engine, require_python38
 from tests.wrapper.fakes import (
     COST_FILE,
     ERROR_LINE,
@@ -36,7 +36,6 @@ from tests.wrapper.fakes import (
     recorded_server,
     run_wrapper,
 )
-from tests.wrapper.test_wrapper_cli import _python38
 
 BOOLEAN = '{"type":"boolean"}'
 ARGS = ["--repo", "octo/alpha", "--schema", BOOLEAN]
@@ -201,9 +200,7 @@ def test_polyglot_line_under_each_shell(shell: list[str], installed: Path, tmp_p
 
 def test_installed_wrapper_on_a_real_python_3_8(installed: Path, tmp_path: Path) -> None:
     """-I exists since 3.4: an agent image whose python3 is 3.8 gets the same behaviour."""
-    python38 = _python38()
-    if python38 is None:
-        pytest.skip("no python3.8 interpreter here")
+    python38 = require_python38()
     bin_dir = tmp_path / "py38"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(python38)
