@@ -251,17 +251,36 @@ except OSError:
 """),
     _a("big-files-in-repo", "true", """
 chunk = b"\\0" * (1 << 20)
-for i in range(8):
+for i in range(3):  # 96 MiB: within the invocation's quota (half of 256 MiB)
     with open(f"/query/repo/big{i}", "wb") as fh:
         for _ in range(32):
             fh.write(chunk)
-try:  # one file past the per-file limit fails, the query goes on
+try:  # one file past the per-file limit (or the quota) fails, the query goes on
     with open("/query/repo/huge", "wb") as fh:
         for _ in range(100):
             fh.write(chunk)
     answer(False)
 except OSError:
+    os.unlink("/query/repo/huge")  # the answer shares the quota: free it first
     answer(True)
+"""),
+    # issue 9: the workspace is the invocation's own tmpfs with a hard quota
+    # below the memory limit, so a writer gets ENOSPC (and can still answer
+    # after freeing space) instead of being OOM-killed
+    _a("fill-workspace-quota", "true", """
+import errno, os
+chunk = b"\\0" * (1 << 20)
+err = None
+try:
+    for i in range(1024):
+        with open(f"/query/repo/fill{i}", "wb") as fh:
+            fh.write(chunk * 16)
+except OSError as exc:
+    err = exc.errno
+for name in os.listdir("/query/repo"):
+    if name.startswith("fill"):
+        os.unlink("/query/repo/" + name)
+answer(err == errno.ENOSPC)
 """),
     _a("spin-past-timeout", "error", """
 answer(True)
