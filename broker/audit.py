@@ -2,10 +2,16 @@
 
 Theory of operation: the agent only ever sees the canonical bodies; the
 *reason* for an outcome goes here, below the broker-private root, one JSON
-object per line. A record holds exactly: invocation id, sensitivity class,
-charge in bits, timing bucket in ms, and the outcome/failure category --
-never scripts, outputs, host paths, repository names or tokens.
-:func:`format_record` is pure; :class:`AuditLog` appends and flushes.
+object per line. Every line leads with ``_schema`` (:data:`AUDIT_SCHEMA`,
+``bounded-query-audit/v1``; consumers prefix-match ``bounded-query-audit/``)
+and ``timestamp`` (ISO-8601 UTC); the JSON Schema ships as
+``harness/schemas/bounded-query-audit.v1.schema.json``. A record holds
+exactly: invocation id, the repository when it is a *configured* slug (issue
+14: every response is explained to the operator; a slug the agent sent that
+is not configured is never written), sensitivity class, charge in bits,
+timing bucket in ms, and the outcome/failure category -- never scripts,
+outputs, host paths or tokens. :func:`format_record` is pure;
+:class:`AuditLog` appends and flushes.
 
 An ``invalid-request`` line also carries ``detail``: the protocol's own
 error message naming the offending location (``schema.fields.count: ...``),
@@ -61,10 +67,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
 __all__ = [
+    "AUDIT_SCHEMA",
     "FREE_FLOOR_BYTES",
     "MARKER_RESERVE_BYTES",
     "MAX_AUDIT_BYTES",
@@ -84,9 +92,11 @@ __all__ = [
     "truncation_marker",
 ]
 
+#: Record type and version of every audit line (bump on incompatible change).
+AUDIT_SCHEMA = "bounded-query-audit/v1"
 #: Bound of an audit ``detail`` (a protocol error message is well below it).
 MAX_DETAIL_CHARS = 200
-#: Hard cap of the audit file. A counted line is at most ~450 bytes and a run
+#: Hard cap of the audit file. A counted line is at most ~600 bytes and a run
 #: has at most 10,000 counted answers (maxInvocations, spec 14.2), so 8 MiB
 #: holds a whole run's lines with room for restarts and summaries.
 MAX_AUDIT_BYTES = 8 * 1024 * 1024
@@ -126,23 +136,37 @@ class AuditRecord:
     bucket_ms: int | None = None
     wall_time: float | None = None
     detail: str | None = None
+    #: The configured slug of the request's repository, when it is one.
+    repo: str | None = None
 
 
 def _wall() -> float:
     return round(time.time(), 3)
 
 
+def _iso(wall: float | None) -> str:
+    moment = datetime.fromtimestamp(_wall() if wall is None else wall, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _line(obj: dict[str, object], wall: float | None) -> bytes:
+    """One audit line: the type and timestamp first, then ``obj`` (pure but the clock)."""
+    head: dict[str, object] = {"_schema": AUDIT_SCHEMA, "timestamp": _iso(wall)}
+    return json.dumps({**head, **obj}, separators=(",", ":")).encode() + b"\n"
+
+
 def _with_skipped(line: bytes, skipped: int) -> bytes:
     """``line`` (one JSON object) with a ``skipped`` count added (pure)."""
     obj = json.loads(line)
     obj["skipped"] = skipped
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def format_record(record: AuditRecord) -> bytes:
     """Serialize one record as a JSON line (pure)."""
     obj: dict[str, object] = {
         "invocationId": record.invocation_id,
+        "repo": record.repo,
         "sensitivity": record.sensitivity,
         "charge": record.charge,
         "bucketMs": record.bucket_ms,
@@ -151,7 +175,7 @@ def format_record(record: AuditRecord) -> bytes:
     }
     if record.detail is not None:
         obj["detail"] = sanitize_detail(record.detail)
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    return _line(obj, record.wall_time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +200,7 @@ def format_summary(summary: RefusalSummary) -> bytes:
     """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
     obj: dict[str, object] = {
         "invocationId": "-",
+        "repo": None,
         "sensitivity": None,
         "charge": None,
         "bucketMs": None,
@@ -185,13 +210,14 @@ def format_summary(summary: RefusalSummary) -> bytes:
         "counts": dict(summary.counts),
         "total": summary.total,
     }
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    return _line(obj, summary.wall_time)
 
 
 def truncation_marker(wall_time: float, skipped: int) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
     obj: dict[str, object] = {
         "invocationId": "-",
+        "repo": None,
         "sensitivity": None,
         "charge": None,
         "bucketMs": None,
@@ -199,7 +225,7 @@ def truncation_marker(wall_time: float, skipped: int) -> bytes:
         "time": wall_time,
         "skipped": skipped,
     }
-    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+    return _line(obj, wall_time)
 
 
 @dataclass

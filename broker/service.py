@@ -169,6 +169,8 @@ class Decision:
     #: False when nothing was journaled for it (past the cap, broken): its
     #: audit goes to the tally, not to a line of its own.
     counted: bool = True
+    #: The configured slug the request named, when it named one (audit only).
+    repo: str | None = None
 
 
 class Service:
@@ -457,6 +459,7 @@ class Service:
                 bucket_ms=bucket_ms,
                 wall_time=round(time.time(), 3),
                 detail=decision.detail,
+                repo=decision.repo,
             )
         )
 
@@ -505,7 +508,8 @@ class Service:
     ) -> Decision:
         await self._journal([Admitted(invocation_id, rejection=category)])
         sensitivity = entry.sensitivity if entry else None
-        return Decision(CANONICAL_ERROR_BODY, category, sensitivity, detail=detail)
+        repo = entry.repo if entry else None
+        return Decision(CANONICAL_ERROR_BODY, category, sensitivity, detail=detail, repo=repo)
 
     async def _admit_and_run(self, invocation_id: str, request: HttpRequest) -> Decision:
         try:
@@ -539,7 +543,7 @@ class Service:
         # replay records the invocation as interrupted, which changes no total.
         outcome = Outcome(invocation_id, result, None if result == "ok" else category)
         await self._journal([outcome], sync=False)
-        return Decision(body, category, entry.sensitivity, bits)
+        return Decision(body, category, entry.sensitivity, bits, repo=entry.repo)
 
     async def _run(
         self, invocation_id: str, entry: SeedEntry, script: str, schema: Schema

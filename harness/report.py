@@ -13,6 +13,7 @@ of type :data:`REPORT_SCHEMA`. Nothing here writes to the state directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ def load_state(private_root: Path) -> KeptState:
         runtime = "unknown"
     usage = usage_from_state(repos, _read(paths.journal), _read(paths.audit_log))
     if notes:
-        usage = RunUsage(usage.repos, usage.refused, usage.refusals, (*notes, *usage.notes))
+        usage = dataclasses.replace(usage, notes=(*notes, *usage.notes))
     return KeptState(usage, runtime)
 
 
@@ -104,10 +105,23 @@ def report_document(state: KeptState) -> dict[str, Any]:
                 "invocations": r.invocations,
                 "buckets": {str(ms): n for ms, n in r.buckets.items()},
                 "outcomes": dict(r.outcomes),
+                "refusals": dict(r.refusals),
             }
             for r in state.usage.repos
         ],
         "refused": state.usage.refused,
         "refusals": dict(state.usage.refusals),
+        "unattributed": dict(state.usage.unattributed),
+        "uncounted": dict(state.usage.uncounted),
+        "responses": [
+            {
+                "invocationId": r.invocation_id,
+                "repo": r.repo,
+                "category": r.category,
+                "charge": r.charge,
+                "bucketMs": r.bucket_ms,
+            }
+            for r in state.usage.responses
+        ],
         "notes": list(state.usage.notes),
     }

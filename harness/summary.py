@@ -1,11 +1,20 @@
 """Per-repository usage and the Markdown step summary (seed 000 8.5.3, 11.4).
 
 Pure: :func:`usage_from_state` joins the broker's journal (which records the
-repository of every accepted invocation and every debit) with its protected
-audit log (which records each invocation's timing bucket and outcome category
-but, by design, no repository name) on the invocation id.
-:func:`render_summary` turns the result into GitHub-flavored Markdown with a
-visible degraded-mode notice when anything was degraded.
+repository of every accepted invocation and every debit, and a category for
+every refusal it counted) with its protected audit log (each response's
+timing bucket, category and, when the request named a configured slug, its
+repository) on the invocation id. Every counted response is then explained
+(issue 14 item 2): launched ones under their repository, refusals under the
+repository they named or as *not attributable* (an invalid or unconfigured
+repository, a malformed frame), and answers past the cap from the audit's
+refusal summaries.
+
+:func:`render_summary` turns the result into GitHub-flavored Markdown (an h3
+heading, a visible degraded-mode notice, the per-repository table, and
+every response inside ``<details>``), never longer than
+:data:`MAX_SUMMARY_BYTES` however many invocations ran: the per-response
+rows stop at a byte budget with a line saying how many were left out.
 """
 
 from __future__ import annotations
@@ -14,12 +23,28 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bounded_query.broker.journal import Admitted, Debit, JournalCorrupt, decode_journal
 
 from .config import RUN_BUDGETS
 
-__all__ = ["RepoUsage", "RunUsage", "render_summary", "usage_from_state"]
+__all__ = [
+    "MAX_SUMMARY_BYTES",
+    "NOT_ATTRIBUTABLE",
+    "RepoUsage",
+    "Response",
+    "RunUsage",
+    "render_summary",
+    "usage_from_state",
+]
+
+#: GitHub refuses a step summary over 1 MiB; ours stays well below it.
+MAX_SUMMARY_BYTES = 1024 * 1024 - 64 * 1024
+#: The row label of counted refusals that name no configured repository.
+NOT_ATTRIBUTABLE = "not attributable"
+#: Audit categories that are records about the log, not responses.
+_LOG_CATEGORIES = frozenset({"refusal-summary", "audit-truncated"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +57,8 @@ class RepoUsage:
     invocations: int
     buckets: dict[int, int] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=dict)
+    #: Counted refusals (before launch) that named this repository, by category.
+    refusals: dict[str, int] = field(default_factory=dict)
 
     @property
     def budget(self) -> int | None:
@@ -40,25 +67,59 @@ class RepoUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class Response:
+    """One counted response, as the operator's view lists it."""
+
+    invocation_id: str
+    repo: str | None
+    category: str
+    charge: int | None
+    bucket_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class RunUsage:
-    """Usage of every configured repository plus the refused requests."""
+    """Usage of every configured repository plus the refused requests.
+
+    ``refused``/``refusals``: every counted refusal (any repository);
+    ``unattributed``: those naming no configured repository; ``uncounted``:
+    answers past the cap (or after a halt), from the audit's summaries;
+    ``responses``: every counted response in journal order.
+    """
 
     repos: tuple[RepoUsage, ...]
     refused: int
     refusals: dict[str, int]
     notes: tuple[str, ...] = ()
+    unattributed: dict[str, int] = field(default_factory=dict)
+    uncounted: dict[str, int] = field(default_factory=dict)
+    responses: tuple[Response, ...] = ()
 
 
-def _audit_records(lines: Iterable[bytes]) -> dict[str, dict[str, object]]:
-    out: dict[str, dict[str, object]] = {}
+def _audit_records(lines: Iterable[bytes]) -> tuple[dict[str, dict[str, Any]], Counter[str]]:
+    """Audit records by invocation id, and the summed counts of refusal summaries."""
+    out: dict[str, dict[str, Any]] = {}
+    uncounted: Counter[str] = Counter()
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("invocationId"), str):
+        if not isinstance(record, dict):
+            continue
+        if record.get("category") == "refusal-summary" and isinstance(record.get("counts"), dict):
+            for category, n in record["counts"].items():
+                if isinstance(category, str) and isinstance(n, int) and n > 0:
+                    uncounted[category] += n
+        elif isinstance(record.get("invocationId"), str) and record.get("category") not in (
+            _LOG_CATEGORIES
+        ):
             out[record["invocationId"]] = record
-    return out
+    return out, uncounted
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def usage_from_state(
@@ -74,35 +135,67 @@ def usage_from_state(
             records = decode_journal(journal).records
         except JournalCorrupt as exc:
             notes.append(f"the broker journal is unreadable ({exc})")
-    audit_by_id = _audit_records((audit or b"").splitlines())
+    audit_by_id, uncounted = _audit_records((audit or b"").splitlines())
     if audit is None:
         notes.append("the audit log is missing; timing buckets are unknown")
+    spelling = {repo.lower(): repo for repo, _ in repos}
     repo_of: dict[str, str] = {}
     spent: Counter[str] = Counter()
     invocations: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
+    refused_by_repo: dict[str, Counter[str]] = {}
+    unattributed: Counter[str] = Counter()
+    responses: list[Response] = []
     for record in records:
         if isinstance(record, Admitted):
+            audited = audit_by_id.get(record.invocation_id, {})
             if record.repo is None:
-                refusals[record.rejection or "refused"] += 1
+                category = record.rejection or "refused"
+                refusals[category] += 1
+                named = audited.get("repo")
+                key = named.lower() if isinstance(named, str) else None
+                if key is not None and key in spelling:
+                    refused_by_repo.setdefault(key, Counter())[category] += 1
+                else:
+                    key = None
+                    unattributed[category] += 1
+                responses.append(
+                    Response(
+                        record.invocation_id,
+                        None if key is None else spelling[key],
+                        category,
+                        _int_or_none(audited.get("charge")),
+                        _int_or_none(audited.get("bucketMs")),
+                    )
+                )
             else:
                 key = record.repo.lower()
                 repo_of[record.invocation_id] = key
                 invocations[key] += 1
+                outcome = audited.get("category")
+                responses.append(
+                    Response(
+                        record.invocation_id,
+                        spelling.get(key, record.repo),
+                        outcome if isinstance(outcome, str) else "unknown",
+                        record.charge,
+                        _int_or_none(audited.get("bucketMs")),
+                    )
+                )
         elif isinstance(record, Debit):
             spent[record.repo.lower()] += record.bits
     buckets: dict[str, Counter[int]] = {}
     outcomes: dict[str, Counter[str]] = {}
-    for invocation_id, record in audit_by_id.items():
+    for invocation_id, audited in audit_by_id.items():
         owner = repo_of.get(invocation_id)
         if owner is None:
             continue
-        bucket = record.get("bucketMs")
-        if isinstance(bucket, int) and not isinstance(bucket, bool):
+        bucket = _int_or_none(audited.get("bucketMs"))
+        if bucket is not None:
             buckets.setdefault(owner, Counter())[bucket] += 1
-        category = record.get("category")
-        if isinstance(category, str):
-            outcomes.setdefault(owner, Counter())[category] += 1
+        outcome = audited.get("category")
+        if isinstance(outcome, str):
+            outcomes.setdefault(owner, Counter())[outcome] += 1
     usage = tuple(
         RepoUsage(
             repo=repo,
@@ -111,10 +204,19 @@ def usage_from_state(
             invocations=invocations[repo.lower()],
             buckets=dict(sorted(buckets.get(repo.lower(), Counter()).items())),
             outcomes=dict(sorted(outcomes.get(repo.lower(), Counter()).items())),
+            refusals=dict(sorted(refused_by_repo.get(repo.lower(), Counter()).items())),
         )
         for repo, sensitivity in repos
     )
-    return RunUsage(usage, sum(refusals.values()), dict(sorted(refusals.items())), tuple(notes))
+    return RunUsage(
+        usage,
+        sum(refusals.values()),
+        dict(sorted(refusals.items())),
+        tuple(notes),
+        unattributed=dict(sorted(unattributed.items())),
+        uncounted=dict(sorted(uncounted.items())),
+        responses=tuple(responses),
+    )
 
 
 def _bucket_label(ms: int) -> str:
@@ -125,38 +227,87 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name}: {n}" for name, n in counts.items()) or "—"
+
+
 def render_summary(
     usage: RunUsage,
     *,
     exit_code: int,
     runtime: str,
     degraded: Sequence[str] = (),
+    max_bytes: int = MAX_SUMMARY_BYTES,
 ) -> str:
-    """The step summary Markdown (seed 000 8.5.3; degraded notice per 11.4 item 4)."""
-    lines = [f"## Bounded queries — runtime `{runtime}`, exit {exit_code}", ""]
+    """The step summary Markdown (seed 000 8.5.3; degraded notice per 11.4 item 4).
+
+    At most ``max_bytes`` UTF-8 bytes: the per-response rows inside
+    ``<details>`` stop at the budget, with a line counting the rest.
+    """
+    lines = [f"### Bounded queries — runtime `{runtime}`, exit {exit_code}", ""]
     notices = [*degraded, *usage.notes]
     if notices:
         lines += ["> [!WARNING]", "> **Degraded mode** — some data below may be incomplete:"]
-        lines += [f"> - {_cell(note)}" for note in notices]
+        lines += [f"> - {_cell(note)}" for note in notices[:50]]
+        if len(notices) > 50:
+            lines.append(f"> - … and {len(notices) - 50} more notices")
         lines.append("")
     lines += [
         "| Repository | Sensitivity | Budget (bits) | Spent (bits) | Invocations | Buckets"
-        " | Outcomes |",
-        "|---|---|---:|---:|---:|---|---|",
+        " | Outcomes | Refused |",
+        "|---|---|---:|---:|---:|---|---|---|",
     ]
     for repo in usage.repos:
         budget = "unmetered" if repo.budget is None else str(repo.budget)
         buckets = ", ".join(f"{_bucket_label(ms)}: {n}" for ms, n in repo.buckets.items()) or "—"
-        outcomes = ", ".join(f"{name}: {n}" for name, n in repo.outcomes.items()) or "—"
         lines.append(
             f"| `{_cell(repo.repo)}` | {repo.sensitivity} | {budget} | {repo.spent_bits} |"
-            f" {repo.invocations} | {_cell(buckets)} | {_cell(outcomes)} |"
+            f" {repo.invocations} | {_cell(buckets)} | {_cell(_counts(repo.outcomes))} |"
+            f" {_cell(_counts(repo.refusals))} |"
         )
+    if usage.unattributed:
+        lines.append(f"| *{NOT_ATTRIBUTABLE}* | | | | | | | {_cell(_counts(usage.unattributed))} |")
     total_spent = sum(r.spent_bits for r in usage.repos)
     total_inv = sum(r.invocations for r in usage.repos)
-    lines.append(f"| **Total** | | | **{total_spent}** | **{total_inv}** | | |")
+    lines.append(
+        f"| **Total** | | | **{total_spent}** | **{total_inv}** | | | **{usage.refused}** |"
+    )
     lines.append("")
     if usage.refused:
-        reasons = ", ".join(f"{name}: {n}" for name, n in usage.refusals.items())
+        reasons = _counts(usage.refusals)
         lines += [f"Refused before launch (any repository): {usage.refused} ({reasons}).", ""]
-    return "\n".join(lines)
+    if usage.uncounted:
+        total = sum(usage.uncounted.values())
+        lines += [
+            f"Answered with the canonical error without being counted (past `maxInvocations`"
+            f" or after a halt): {total} ({_counts(usage.uncounted)}).",
+            "",
+        ]
+    text = "\n".join(lines)
+    if not usage.responses:
+        return text
+    head = [
+        "<details>",
+        f"<summary>Every counted response ({len(usage.responses)})</summary>",
+        "",
+        "| Invocation | Repository | Category | Charge (bits) | Bucket |",
+        "|---|---|---|---:|---|",
+    ]
+    tail = ["", "</details>", ""]
+    room = max_bytes - len(text.encode()) - len("\n".join(head + tail).encode()) - 200
+    rows: list[str] = []
+    for shown, response in enumerate(usage.responses):
+        named = f"`{_cell(response.repo)}`" if response.repo else f"*{NOT_ATTRIBUTABLE}*"
+        charge = "—" if response.charge is None else str(response.charge)
+        bucket = "—" if response.bucket_ms is None else _bucket_label(response.bucket_ms)
+        row = (
+            f"| `{_cell(response.invocation_id)}` | {named} | {_cell(response.category)} |"
+            f" {charge} | {bucket} |"
+        )
+        room -= len(row.encode()) + 1
+        if room < 0:
+            rest = len(usage.responses) - shown
+            rows += ["", f"… and {rest} more responses (the summary's size limit)."]
+            break
+        rows.append(row)
+    return "\n".join([text, *head, *rows, *tail])

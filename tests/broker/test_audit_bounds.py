@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 from bounded_query.broker.audit import (
+    MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
     SUMMARY_CATEGORY,
     TRUNCATED_CATEGORY,
@@ -162,8 +163,10 @@ def test_the_log_yields_to_the_journal_when_space_is_short(tmp_path):
 
 def test_a_record_line_fits_the_per_line_budget():
     worst = AuditRecord("f" * 32, "timing-bucket-overflow", "confidential", 1100, 600000, 1.5e9)
-    line = format_record(AuditRecord(**{**_fields(worst), "detail": "x" * 10_000}))
-    assert len(line) < 450  # MAX_AUDIT_BYTES is sized for 10,000 such lines
+    slug = "o" * 39 + "/" + "r" * 100  # the longest slug (MAX_SLUG_CHARS)
+    line = format_record(AuditRecord(**{**_fields(worst), "detail": "x" * 10_000, "repo": slug}))
+    assert len(line) < 650  # MAX_AUDIT_BYTES is sized for 10,000 such lines
+    assert MAX_AUDIT_BYTES > 10_000 * 650
 
 
 def _fields(record: AuditRecord) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import jsonschema
 import trio
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome
 
@@ -226,12 +227,22 @@ async def test_audit_holds_no_request_data(broker):
     secret_script = "write true\n# SECRET-SCRIPT-TEXT"
     await exchange(broker.socket, request_bytes(secret_script, repo="octo/internal"))
     await exchange(broker.socket, request_bytes("write SECRET-OUTPUT"))
-    entries = await _audit(broker, 2)
+    await exchange(broker.socket, request_bytes("write true", repo="evil/unconfigured-name"))
+    entries = await _audit(broker, 3)
     text = (broker.private / "audit" / "audit.jsonl").read_text()
-    for needle in ("SECRET", "octo", str(broker.private), "/"):
+    for needle in ("SECRET", "evil", "unconfigured", str(broker.private)):
         assert needle not in text
+    # The configured slug is the only value with a "/" (issue 14: every
+    # response names its repository when the request named a configured one).
+    assert [e["repo"] for e in entries] == ["octo/internal", "octo/public", None]
+    for entry in entries:
+        rest = {k: v for k, v in entry.items() if k != "repo"}
+        assert "/" not in json.dumps(rest).replace("bounded-query-audit/v1", "")
     assert set(entries[0]) == {
+        "_schema",
+        "timestamp",
         "invocationId",
+        "repo",
         "sensitivity",
         "charge",
         "bucketMs",
@@ -244,6 +255,13 @@ async def test_audit_holds_no_request_data(broker):
     assert entries[0]["bucketMs"] in (10, 100, 1000)
     assert isinstance(entries[0]["time"], float)
     assert entries[1]["category"] == "invalid-output"
+    assert entries[2]["category"] == "repo-not-allowed"
+    from bounded_query.harness.events import schema_path
+
+    schema = json.loads(schema_path("bounded-query-audit/v1").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for entry in entries:
+        jsonschema.validate(entry, schema)
 
 
 async def test_socket_and_ready_file_permissions(broker):

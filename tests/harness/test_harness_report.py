@@ -44,7 +44,7 @@ def _kept_root(tmp_path, *, journal=True, audit=True, broker=True, seed_map=True
 def test_a_kept_run_reports_what_the_run_summarized(tmp_path):
     state = load_state(_kept_root(tmp_path))
     text = report_markdown(state)
-    assert text.startswith("## Bounded queries — runtime `gvisor`, from the kept state")
+    assert text.startswith("### Bounded queries — runtime `gvisor`, from the kept state")
     row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
     assert row in text
     assert "Degraded" not in text
@@ -65,9 +65,19 @@ def test_json_report_is_typed_and_matches_its_schema(tmp_path):
         "invocations": 2,
         "buckets": {"1000": 1, "60000": 1},
         "outcomes": {"ok": 1, "query-timeout": 1},
+        "refusals": {},
     }
     assert (docs["budgetBits"], vault["budgetBits"]) == (None, 0)
     assert (doc["refused"], doc["refusals"]) == (1, {"bit-budget-exhausted": 1})
+    assert doc["unattributed"] == {"bit-budget-exhausted": 1}
+    assert [r["invocationId"] for r in doc["responses"]] == ["01", "02", "03", "04"]
+    assert doc["responses"][1] == {
+        "invocationId": "02",
+        "repo": "octo/alpha",
+        "category": "query-timeout",
+        "charge": 14,
+        "bucketMs": 60000,
+    }
     assert doc["notes"] == []
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.audit import AuditRecord, format_record
+from bounded_query.broker.audit import AuditRecord, RefusalSummary, format_record, format_summary
 from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, encode_record
 from bounded_query.harness.__main__ import UsageError, main, parse_seed_sources
 from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
@@ -38,15 +38,18 @@ def journal_bytes() -> bytes:
 
 
 def audit_bytes() -> bytes:
-    return b"".join(
-        format_record(r)
-        for r in [
-            AuditRecord("01", "ok", "internal", 5, 1000),
-            AuditRecord("02", "query-timeout", "internal", 14, 60000),
-            AuditRecord("03", "bit-budget-exhausted"),
-            AuditRecord("04", "ok", "public", 9, 1000),
-        ]
-    ) + b"not json\n"
+    return (
+        b"".join(
+            format_record(r)
+            for r in [
+                AuditRecord("01", "ok", "internal", 5, 1000),
+                AuditRecord("02", "query-timeout", "internal", 14, 60000),
+                AuditRecord("03", "bit-budget-exhausted"),
+                AuditRecord("04", "ok", "public", 9, 1000),
+            ]
+        )
+        + b"not json\n"
+    )
 
 
 def test_usage_joins_journal_and_audit_per_repository():
@@ -65,7 +68,7 @@ def test_usage_joins_journal_and_audit_per_repository():
 def test_summary_table_and_degraded_notice():
     usage = usage_from_state(REPOS, journal_bytes(), audit_bytes())
     text = render_summary(usage, exit_code=3, runtime="gvisor", degraded=["step: x|y"])
-    assert text.startswith("## Bounded queries — runtime `gvisor`, exit 3")
+    assert text.startswith("### Bounded queries — runtime `gvisor`, exit 3")
     assert "> **Degraded mode**" in text
     assert "> - step: x\\|y" in text
     row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
@@ -167,3 +170,99 @@ def test_run_usage_errors_exit_2(tmp_path, capsys):
     assert main(["run", "--config", str(config), "--seed-source", "bad", "--", "true"]) == 2
     events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert [e["event"] for e in events] == ["usage_error", "usage_error"]
+
+
+# -- every response explained (issue 14 item 2) --------------------------------
+
+
+def _explained_state() -> tuple[bytes, bytes]:
+    records = [
+        Header("cd" * 8),
+        Admitted("a1", repo="octo/alpha", charge=5),
+        Debit("a1", "octo/alpha", 5),
+        Outcome("a1", "ok"),
+        Admitted("a2", rejection="bit-budget-exhausted"),
+        Admitted("a3", rejection="invalid-request"),
+        Admitted("a4", rejection="repo-not-allowed"),
+        Admitted("a5", rejection="bit-budget-exhausted"),
+    ]
+    audit = [
+        AuditRecord("a1", "ok", "internal", 5, 1000, repo="octo/alpha"),
+        AuditRecord("a2", "bit-budget-exhausted", "sealed", None, 10, repo="octo/vault"),
+        AuditRecord("a3", "invalid-request", None, None, 10, detail="schema: bad"),
+        AuditRecord("a4", "repo-not-allowed", None, None, 10),
+        # A repo the configuration does not hold can never be credited.
+        AuditRecord("a5", "bit-budget-exhausted", "internal", None, 10, repo="evil/x"),
+    ]
+    summary = format_summary(
+        RefusalSummary((("max-invocations", 40), ("malformed-http", 2)), 1.0, 2.0)
+    )
+    return (
+        b"".join(encode_record(r) for r in records),
+        b"".join(format_record(r) for r in audit) + summary,
+    )
+
+
+def test_refusals_are_attributed_to_the_configured_repository_they_named():
+    journal, audit = _explained_state()
+    usage = usage_from_state(REPOS, journal, audit)
+    alpha, _docs, vault = usage.repos
+    assert vault.refusals == {"bit-budget-exhausted": 1}
+    assert alpha.refusals == {}
+    assert usage.unattributed == {
+        "bit-budget-exhausted": 1,
+        "invalid-request": 1,
+        "repo-not-allowed": 1,
+    }
+    assert usage.refused == 4
+    assert usage.uncounted == {"malformed-http": 2, "max-invocations": 40}
+    assert [(r.invocation_id, r.repo, r.category) for r in usage.responses] == [
+        ("a1", "octo/alpha", "ok"),
+        ("a2", "octo/vault", "bit-budget-exhausted"),
+        ("a3", None, "invalid-request"),
+        ("a4", None, "repo-not-allowed"),
+        ("a5", None, "bit-budget-exhausted"),
+    ]
+    text = render_summary(usage, exit_code=0, runtime="docker")
+    assert text.startswith("### Bounded queries")
+    assert "| `octo/vault` | sealed | 0 | 0 | 0 | — | — | bit-budget-exhausted: 1 |" in text
+    assert (
+        "| *not attributable* | | | | | | |"
+        " bit-budget-exhausted: 1, invalid-request: 1, repo-not-allowed: 1 |"
+    ) in text
+    assert "malformed-http: 2, max-invocations: 40" in text
+    assert "<details>\n<summary>Every counted response (5)</summary>" in text
+    assert "| `a1` | `octo/alpha` | ok | 5 | 1s |" in text
+    assert "| `a3` | *not attributable* | invalid-request | — | 10ms |" in text
+    assert text.rstrip().endswith("</details>")
+    assert "evil" not in text
+
+
+def test_summary_of_ten_thousand_invocations_stays_under_one_mebibyte():
+    ids = [f"{i:032x}" for i in range(10_000)]
+    records: list[object] = [Header("ef" * 8)]
+    audit: list[bytes] = []
+    for i, invocation_id in enumerate(ids):
+        if i % 3:
+            records += [
+                Admitted(invocation_id, repo="octo/docs", charge=9),
+                Debit(invocation_id, "octo/docs", 0),
+            ]
+            audit.append(
+                format_record(AuditRecord(invocation_id, "ok", "public", 9, 1000, repo="octo/docs"))
+            )
+        else:
+            records.append(Admitted(invocation_id, rejection="invalid-request"))
+            audit.append(format_record(AuditRecord(invocation_id, "invalid-request")))
+    journal = b"".join(encode_record(r) for r in records)  # type: ignore[arg-type]
+    usage = usage_from_state(REPOS, journal, b"".join(audit))
+    assert len(usage.responses) == 10_000
+    text = render_summary(usage, exit_code=0, runtime="docker")
+    assert len(text.encode()) < 1024 * 1024
+    assert "Every counted response (10000)" in text
+    assert text.rstrip().endswith("</details>")
+    small = render_summary(usage, exit_code=0, runtime="docker", max_bytes=20_000)
+    assert len(small.encode()) <= 20_000
+    shown = small.count("| `0000")
+    assert 0 < shown < 10_000
+    assert f"… and {10_000 - shown} more responses (the summary's size limit)." in small
