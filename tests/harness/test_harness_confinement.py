@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,47 @@ def proc_holders(needle: bytes, skip: set[int]) -> list[str]:
     return hits
 
 
+#: Staging children: the clone and its helpers (the only ones that may hold it).
+STAGING_PROGRAMS = (b"git", b"git-remote-http", b"git-remote-https")
+
+
+class TokenWatch(threading.Thread):
+    """Scans every process for the token, over and over, for the whole run."""
+
+    def __init__(self, needle: bytes, skip: set[int]) -> None:
+        super().__init__(daemon=True)
+        self.needle, self.skip = needle, skip
+        self.done = threading.Event()
+        #: (monotonic time, pid, "environ"|"cmdline", argv[0] basename, full cmdline)
+        self.hits: list[tuple[float, int, str, bytes, bytes]] = []
+        self.scans = 0
+
+    def _scan(self) -> None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in self.skip:
+                continue
+            # The command line is read before and after: a process caught in
+            # execve (a clone child leaving the harness's image for git's)
+            # counts as what either read shows.
+            with contextlib.suppress(OSError):
+                before = (entry / "cmdline").read_bytes()
+                environ = (entry / "environ").read_bytes()
+                after = (entry / "cmdline").read_bytes()
+                parts = [name for name, data in (("environ", environ), ("cmdline", before + after))
+                         if self.needle in data]
+                programs = [os.path.basename(c.split(b"\0")[0]) for c in (before, after)]
+                staging = [p for p in programs if p in STAGING_PROGRAMS]
+                program = staging[0] if staging else programs[-1]
+                for part in parts:
+                    self.hits.append((time.monotonic(), int(entry.name), part, program, after))
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self._scan()
+            self.scans += 1
+            time.sleep(0.005)
+
+
 def broker_pid(private_root: Path) -> int:
     marker = str(private_root / "broker.json").encode()
     for entry in Path("/proc").iterdir():
@@ -131,11 +173,14 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
                 "--allow-insecure-server-url", "--state-base", str(base),
                 "--workspace", str(ws), *mode, "--",
                 "python3", str(ws / "agent_probe.py"), str(ws)]
+        watch = TokenWatch(token.encode(), {os.getpid()})
+        watch.start()
         with stderr_path.open("wb") as err:
             harness = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                        stdin=subprocess.DEVNULL, cwd="/")
             try:
                 wait_for(ws / "started", harness)
+                agent_started = time.monotonic()
                 [private_root] = base.glob("awf-bounded-query-private-*")
                 seed_map = json.loads((private_root / "seed-map.json").read_text())
                 seeds = [str(private_root / "seeds" / r["seedId"]) for r in seed_map["repos"]]
@@ -160,6 +205,8 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
                 os.replace(tmp_targets, ws / "targets.json")
                 status = harness.wait(timeout=WAIT_S)
             finally:
+                watch.done.set()
+                watch.join()
                 if harness.poll() is None:
                     harness.kill()
                     harness.wait()
@@ -167,8 +214,20 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
         left = list(base.iterdir())
     stderr = stderr_path.read_text()
     events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    staging = [h for h in watch.hits if h[3] in STAGING_PROGRAMS]
+    others = [h for h in watch.hits if h[3] not in STAGING_PROGRAMS]
+    # The harness itself holds it only in its start-up block, until it wipes
+    # it -- before it clones anything.
+    early_harness = [h for h in others if h[1] == harness.pid
+                     and (not staging or h[0] < staging[0][0])]
     return {
         "status": status, "report": report, "holders": holders, "token": token,
+        "watch": {
+            "scans": watch.scans,
+            "staging_children": sorted({h[3].decode() for h in staging}),
+            "others": [(h[1], h[2], h[4][:200]) for h in others if h not in early_harness],
+            "after_agent_started": [h[1] for h in watch.hits if h[0] >= agent_started],
+        },
         "events": events, "stderr": stderr, "left": left,
         "summary": summary.read_text() if summary.exists() else "",
     }
@@ -183,6 +242,14 @@ def token_in_report(report: dict, token: str) -> list[str]:
     return found
 
 
+def assert_token_only_in_staging_children(result: dict) -> None:
+    """Over the whole run, only clone children held the token, and none once the agent ran."""
+    watch = result["watch"]
+    assert watch["scans"] > 10
+    assert watch["others"] == []
+    assert watch["after_agent_started"] == []
+
+
 def assert_confined(result: dict, uid: int) -> None:
     report = result["report"]
     assert result["status"] == 0, result["stderr"][-3000:]
@@ -194,6 +261,7 @@ def assert_confined(result: dict, uid: int) -> None:
     assert len(report["attempts"]) >= 20
     assert token_in_report(report, result["token"]) == []
     assert result["holders"] == []
+    assert_token_only_in_staging_children(result)
     assert report["query"] == '{"status":"ok","result":true}\n'
     assert result["left"] == []
     assert not any(e["event"] == "degraded" and e.get("subsystem") == "agent"
@@ -214,9 +282,12 @@ def test_agent_container_reaches_nothing_and_still_asks(engine, tmp_path, runtim
     assert engine.containers.list(all=True, filters={"label": label}) == []
 
 
-def test_host_agent_as_unprivileged_user_reaches_nothing_and_still_asks(engine, tmp_path):
+@pytest.mark.parametrize("runtime", ["docker", "gvisor"])
+def test_host_agent_as_unprivileged_user_reaches_nothing_and_still_asks(
+    engine, tmp_path, runtime
+):
     mode = ["--agent-on-host", "--agent-user", f"{HOST_UID}:{HOST_UID}"]
-    result = run_probe(tmp_path, "docker", mode, HOST_UID)
+    result = run_probe(tmp_path, runtime, mode, HOST_UID)
     assert_confined(result, HOST_UID)
     event = next(e for e in result["events"] if e["event"] == "agent_mode")
     assert event == {**event, "mode": "host", "user": f"{HOST_UID}:{HOST_UID}"}
@@ -237,6 +308,7 @@ def test_unconfined_host_agent_is_reported_degraded(engine, tmp_path):
     # ...but even then the token is in no process's environment any more.
     assert token_in_report(report, result["token"]) == []
     assert result["holders"] == []
+    assert_token_only_in_staging_children(result)
     assert report["query"] == '{"status":"ok","result":true}\n'
 
 
