@@ -279,7 +279,19 @@ def compose_document(
                     f"{paths.seeds_dir}:{paths.seeds_dir}:ro",
                     f"{paths.socket_dir}:{paths.socket_dir}:rw",
                     f"{docker_socket}:/var/run/docker.sock:rw",
+                    # issue 9: the broker mounts each invocation's own tmpfs
+                    # below work/ (sandbox/storage.py); rshared carries those
+                    # mounts to the host, where the engine binds them
+                    {
+                        "type": "bind",
+                        "source": str(paths.workspaces_dir),
+                        "target": str(paths.workspaces_dir),
+                        "bind": {"propagation": "rshared"},
+                    },
                 ],
+                # mount(2) for those tmpfs mounts only; the broker already
+                # holds the Docker socket, which is root on the host anyway
+                "cap_add": ["SYS_ADMIN"],
                 "healthcheck": {
                     "test": ["CMD", "/usr/bin/python3", "-c", healthcheck],
                     "interval": "1s",

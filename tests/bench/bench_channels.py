@@ -11,8 +11,8 @@ each trial the trusted side evicts the page-cache probe files from the host
 page cache (as memory pressure would; ``--no-evict`` skips that).
 
 ``--mode before`` reproduces the state before issue 9 inside the same
-code: no per-invocation tmpfs, no masked paths or cpuset, and the old
-seccomp profile (fadvise64 and sysinfo allowed). Prints one table per
+code: no per-invocation tmpfs, no masked paths or cpuset, no page-cache pin,
+and the old seccomp profile (fadvise64 and sysinfo allowed). Prints one table per
 runtime and mode: correct bits / total, chance bound, capacity in bits per
 trial. Tables only, never assertions.
 """
@@ -35,7 +35,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bounded_query.broker.workspace import remove_tree
-from bounded_query.sandbox import DockerRunner, docker_runner, spec
+from bounded_query.sandbox import DockerRunner, RunOptions, docker_runner, spec
 from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
 
 from tests.sandbox import channels
@@ -78,6 +78,7 @@ def before_issue_9(runner: DockerRunner) -> Iterator[None]:
     allowed = set(old["syscalls"][0]["names"]) | {"fadvise64", "sysinfo"}
     old["syscalls"][0]["names"] = sorted(allowed)
     runner._seccomp = json.dumps(old)
+    runner.options = RunOptions(pin_page_cache=False)
     saved_storage = docker_runner.private_storage
     saved_host_config = spec._host_config
 
