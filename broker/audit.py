@@ -8,7 +8,8 @@ and ``timestamp`` (ISO-8601 UTC); the JSON Schema ships as
 ``harness/schemas/bounded-query-audit.v1.schema.json``. A record holds
 exactly: invocation id, the repository when it is a *configured* slug (issue
 14: every response is explained to the operator; a slug the agent sent that
-is not configured is never written), sensitivity class, charge in bits,
+is not configured is never written), the schema's root type (``kind``, once
+the frame parsed), sensitivity class, charge in bits,
 timing bucket in ms, and the outcome/failure category -- never scripts,
 outputs, host paths or tokens. :func:`format_record` is pure;
 :class:`AuditLog` appends and flushes.
@@ -138,6 +139,8 @@ class AuditRecord:
     detail: str | None = None
     #: The configured slug of the request's repository, when it is one.
     repo: str | None = None
+    #: The root type of the request's schema (``boolean``, ``object``, ...), once parsed.
+    kind: str | None = None
 
 
 def _wall() -> float:
@@ -167,6 +170,7 @@ def format_record(record: AuditRecord) -> bytes:
     obj: dict[str, object] = {
         "invocationId": record.invocation_id,
         "repo": record.repo,
+        "kind": record.kind,
         "sensitivity": record.sensitivity,
         "charge": record.charge,
         "bucketMs": record.bucket_ms,

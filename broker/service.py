@@ -171,6 +171,8 @@ class Decision:
     counted: bool = True
     #: The configured slug the request named, when it named one (audit only).
     repo: str | None = None
+    #: The schema's root type, once the frame parsed (audit only).
+    kind: str | None = None
 
 
 class Service:
@@ -460,6 +462,7 @@ class Service:
                 wall_time=round(time.time(), 3),
                 detail=decision.detail,
                 repo=decision.repo,
+                kind=decision.kind,
             )
         )
 
@@ -505,11 +508,14 @@ class Service:
         category: str,
         entry: SeedEntry | None,
         detail: str | None = None,
+        kind: str | None = None,
     ) -> Decision:
         await self._journal([Admitted(invocation_id, rejection=category)])
         sensitivity = entry.sensitivity if entry else None
         repo = entry.repo if entry else None
-        return Decision(CANONICAL_ERROR_BODY, category, sensitivity, detail=detail, repo=repo)
+        return Decision(
+            CANONICAL_ERROR_BODY, category, sensitivity, detail=detail, repo=repo, kind=kind
+        )
 
     async def _admit_and_run(self, invocation_id: str, request: HttpRequest) -> Decision:
         try:
@@ -520,12 +526,13 @@ class Service:
         except RequestError as exc:
             # The message names the location (never script or output bytes).
             return await self._reject(invocation_id, "invalid-request", None, str(exc))
+        kind = schema_kind(parsed.schema)
         entry = self.seed_map.lookup(parsed.private_repo)
         if entry is None:
-            return await self._reject(invocation_id, "repo-not-allowed", None)
+            return await self._reject(invocation_id, "repo-not-allowed", None, kind=kind)
         bits = charge(parsed.schema)
         if not affordable(bits, self.ledger.spent(entry.repo), entry.budget_bits):
-            return await self._reject(invocation_id, "bit-budget-exhausted", entry)
+            return await self._reject(invocation_id, "bit-budget-exhausted", entry, kind=kind)
         # One durable write authorizes everything that follows: the count, the
         # debit and the launch. Nothing touches a seed before fsync returns.
         await self._journal(
@@ -543,7 +550,7 @@ class Service:
         # replay records the invocation as interrupted, which changes no total.
         outcome = Outcome(invocation_id, result, None if result == "ok" else category)
         await self._journal([outcome], sync=False)
-        return Decision(body, category, entry.sensitivity, bits, repo=entry.repo)
+        return Decision(body, category, entry.sensitivity, bits, repo=entry.repo, kind=kind)
 
     async def _run(
         self, invocation_id: str, entry: SeedEntry, script: str, schema: Schema
@@ -592,6 +599,12 @@ class Service:
         if not await trio.to_thread.run_sync(remove_tree, workspace):
             return "cleanup-failed", None
         return category, canonical
+
+
+def schema_kind(schema: Schema) -> str:
+    """The root type of ``schema`` as its DSL name (``boolean``, ``object``, ...; pure)."""
+    name = type(schema.root).__name__
+    return name.removesuffix("Node").lower()
 
 
 def report_bug(exc: BaseException) -> None:

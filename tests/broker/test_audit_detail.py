@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import trio
 from bounded_query.broker.audit import (
     MAX_DETAIL_CHARS,
@@ -57,3 +58,24 @@ async def test_invalid_request_names_the_location_but_no_script_bytes(broker):
     text = (broker.private / "audit" / "audit.jsonl").read_text()
     assert "SECRET" not in text
     assert "octo" not in text
+
+
+@pytest.mark.parametrize(
+    ("schema", "kind"),
+    [
+        ({"type": "const", "value": 1}, "const"),
+        ({"type": "boolean"}, "boolean"),
+        ({"type": "enum", "values": ["a", "b"]}, "enum"),
+        ({"type": "integer", "minimum": 0, "maximum": 3}, "integer"),
+        ({"type": "object", "fields": {"a": {"type": "boolean"}}}, "object"),
+        ({"type": "tuple", "items": [{"type": "boolean"}]}, "tuple"),
+        ({"type": "array", "items": {"type": "boolean"}, "length": 2}, "array"),
+        ({"type": "union", "variants": {"a": {"type": "boolean"}}}, "union"),
+    ],
+)
+def test_schema_kind_names_the_root_type(schema, kind):
+    from bounded_query.broker.protocol import parse_schema
+    from bounded_query.broker.service import schema_kind
+
+    assert schema_kind(parse_schema(schema)) == kind
+    assert json.loads(format_record(AuditRecord("01", "ok", kind=kind)))["kind"] == kind

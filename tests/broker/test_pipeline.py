@@ -235,6 +235,7 @@ async def test_audit_holds_no_request_data(broker):
     # The configured slug is the only value with a "/" (issue 14: every
     # response names its repository when the request named a configured one).
     assert [e["repo"] for e in entries] == ["octo/internal", "octo/public", None]
+    assert [e["kind"] for e in entries] == ["boolean", "boolean", "boolean"]
     for entry in entries:
         rest = {k: v for k, v in entry.items() if k != "repo"}
         assert "/" not in json.dumps(rest).replace("bounded-query-audit/v1", "")
@@ -243,6 +244,7 @@ async def test_audit_holds_no_request_data(broker):
         "timestamp",
         "invocationId",
         "repo",
+        "kind",
         "sensitivity",
         "charge",
         "bucketMs",

@@ -1,0 +1,118 @@
+"""One human line per answered invocation, for an operator at a terminal (issue 14 item 6).
+
+Theory of operation: the broker writes one protected audit record per
+counted response (``broker/audit.py``); while the agent runs, the harness
+(which may read the private root; the agent may not) follows that file and,
+when its stderr is a terminal, prints one line per new record -- repository,
+kind of schema, charge, bucket and outcome -- next to the JSONL events.
+:func:`human_line` is pure; :func:`follow_audit` only reads new bytes off
+the event loop and waits. It never changes an outcome: an unreadable file
+or a malformed line prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+__all__ = ["FOLLOW_POLL_S", "AuditFollower", "follow_audit", "human_line", "read_inline"]
+
+#: How often the follower looks for new audit lines.
+FOLLOW_POLL_S = 0.25
+#: At most this much of the file is read per poll.
+_READ_CHUNK = 1024 * 1024
+
+
+def _bucket(ms: object) -> str:
+    if not isinstance(ms, int) or isinstance(ms, bool):
+        return "no bucket"
+    return f"{ms // 1000} s" if ms >= 1000 else f"{ms} ms"
+
+
+def human_line(record: Mapping[str, Any]) -> str | None:
+    """The terminal line for one audit record, or None for nothing to say (pure)."""
+    category = record.get("category")
+    if not isinstance(category, str):
+        return None
+    if category == "refusal-summary":
+        counts = record.get("counts")
+        if not isinstance(counts, dict):
+            return None
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+        return f"bounded-query: {record.get('total', '?')} uncounted refusals ({parts})"
+    if category == "audit-truncated":
+        return "bounded-query: the audit log reached its size cap; later answers are not listed"
+    repo = record.get("repo") if isinstance(record.get("repo"), str) else "(no configured repo)"
+    kind = record.get("kind") if isinstance(record.get("kind"), str) else "?"
+    charge = record.get("charge")
+    bits = f"{charge} bits" if isinstance(charge, int) and not isinstance(charge, bool) else "—"
+    return f"bounded-query: {repo}  {kind}  {bits}  {_bucket(record.get('bucketMs'))}  {category}"
+
+
+class AuditFollower:
+    """Turns appended audit bytes into complete records (pure; keeps the partial tail)."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self._partial = b""
+
+    def feed(self, data: bytes) -> list[Mapping[str, Any]]:
+        """Records completed by ``data`` (the bytes after :attr:`offset`)."""
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        out: list[Mapping[str, Any]] = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
+
+
+def _read_after(path: Path, offset: int) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, _READ_CHUNK, offset)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+async def _read_in_thread(path: Path, offset: int) -> bytes:
+    return await trio.to_thread.run_sync(_read_after, path, offset)
+
+
+async def read_inline(path: Path, offset: int) -> bytes:
+    """The same read on the event loop (tests with a mock clock: no threads)."""
+    return _read_after(path, offset)
+
+
+async def follow_audit(
+    path: Path,
+    write: Callable[[str], None],
+    *,
+    poll_s: float = FOLLOW_POLL_S,
+    read: Callable[[Path, int], Awaitable[bytes]] = _read_in_thread,
+) -> None:
+    """Print :func:`human_line` of every record appended to ``path``, until cancelled."""
+    follower = AuditFollower()
+    while True:
+        data = await read(path, follower.offset)
+        for record in follower.feed(data):
+            line = human_line(record)
+            if line is not None:
+                write(line)
+        if len(data) < _READ_CHUNK:
+            await trio.sleep(poll_s)
