@@ -447,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sink.emit("harness_internal_error", error=exc.__class__.__name__, message=str(exc)[:500])
         append_step_summary(
             os.environ.get("GITHUB_STEP_SUMMARY"),
-            f"## Bounded queries — harness failure (exit {EXIT_HARNESS})\n\n"
+            f"### Bounded queries — harness failure (exit {EXIT_HARNESS})\n\n"
             f"`{exc.__class__.__name__}`: see the `harness_internal_error` event on stderr.\n",
             sink,
         )

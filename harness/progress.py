@@ -20,7 +20,14 @@ from typing import Any
 
 import trio
 
-__all__ = ["FOLLOW_POLL_S", "AuditFollower", "follow_audit", "human_line", "read_inline"]
+__all__ = [
+    "FOLLOW_POLL_S",
+    "AuditFollower",
+    "drain",
+    "follow_audit",
+    "human_line",
+    "read_inline",
+]
 
 #: How often the follower looks for new audit lines.
 FOLLOW_POLL_S = 0.25
@@ -99,20 +106,37 @@ async def read_inline(path: Path, offset: int) -> bytes:
     return _read_after(path, offset)
 
 
+def _emit(follower: AuditFollower, data: bytes, write: Callable[[str], None]) -> None:
+    for record in follower.feed(data):
+        line = human_line(record)
+        if line is not None:
+            write(line)
+
+
+def drain(path: Path, follower: AuditFollower, write: Callable[[str], None]) -> None:
+    """Print what was appended since ``follower`` last read (teardown, broker stopped)."""
+    while True:
+        data = _read_after(path, follower.offset)
+        _emit(follower, data, write)
+        if len(data) < _READ_CHUNK:
+            return
+
+
 async def follow_audit(
     path: Path,
     write: Callable[[str], None],
     *,
+    follower: AuditFollower | None = None,
     poll_s: float = FOLLOW_POLL_S,
     read: Callable[[Path, int], Awaitable[bytes]] = _read_in_thread,
 ) -> None:
-    """Print :func:`human_line` of every record appended to ``path``, until cancelled."""
-    follower = AuditFollower()
+    """Print :func:`human_line` of every record appended to ``path``, until cancelled.
+
+    Pass a ``follower`` to :func:`drain` the last records after cancelling.
+    """
+    follower = follower if follower is not None else AuditFollower()
     while True:
         data = await read(path, follower.offset)
-        for record in follower.feed(data):
-            line = human_line(record)
-            if line is not None:
-                write(line)
+        _emit(follower, data, write)
         if len(data) < _READ_CHUNK:
             await trio.sleep(poll_s)

@@ -55,6 +55,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,6 +100,7 @@ from .preflight import (
     staging_token,
     static_problems,
 )
+from .progress import AuditFollower, drain, follow_audit
 from .quota import mount_work_quota, unmount_work_quota
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
@@ -165,6 +167,15 @@ class RunOptions:
     #: ``--allow-runc-mixed-sensitivity``: accept a public + metered run where
     #: cross-invocation channels stay open, degraded (harness/channel_policy.py).
     allow_mixed_sensitivity: bool = False
+    #: One human line per answered invocation on stderr (``progress.py``);
+    #: None: when stderr is a terminal.
+    progress: bool | None = None
+
+
+def _print_progress(line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 class BrokerHandle(Protocol):
@@ -242,7 +253,7 @@ def load_reported(
         sink.emit("config_invalid", problems=len(exc.problems))
         markdown = "\n".join(
             [
-                f"## Bounded queries — invalid configuration (exit {EXIT_HARNESS})",
+                f"### Bounded queries — invalid configuration (exit {EXIT_HARNESS})",
                 "",
                 "Nothing was staged or started. Fix every problem below and run again:",
                 "",
@@ -310,6 +321,8 @@ class _RunState:
     work_quota: bool = False
     #: The broker socket's group: the agent's gid (None: the harness's).
     socket_gid: int | None = None
+    #: The terminal progress follower of the audit log, when enabled.
+    progress: AuditFollower | None = None
 
 
 async def _watch_signals(state: _RunState, sink: EventSink) -> None:
@@ -612,7 +625,7 @@ def _summarize(
     summary_path = env.get("GITHUB_STEP_SUMMARY")
     if state.paths is None or phase in ("preflight", "config"):
         markdown = (
-            f"## Bounded queries — failed before the agent started (phase `{phase}`,"
+            f"### Bounded queries — failed before the agent started (phase `{phase}`,"
             f" exit {status})\n\nSee the JSONL events on stderr for every problem and its fix.\n"
         )
         append_step_summary(summary_path, markdown, sink)
@@ -822,6 +835,19 @@ async def run(
                         state.paths, state.broker, options.ready_timeout, sink
                     ):
                         phase = "agent"
+                        progress = options.progress
+                        if progress is None:
+                            progress = sys.stderr.isatty()
+                        if progress:
+                            state.progress = AuditFollower()
+                            nursery.start_soon(
+                                partial(
+                                    follow_audit,
+                                    state.paths.audit_log,
+                                    _print_progress,
+                                    follower=state.progress,
+                                )
+                            )
                         status = await _run_confined_agent(options, env, state, user, sink)
                         if state.broker.exited() is not None:
                             state.degraded_notes.append(
@@ -835,6 +861,11 @@ async def run(
             try:
                 try:
                     await _stop_broker(state, sink)
+                    if state.progress is not None and state.paths is not None:
+                        # The broker is gone: print the answers it audited last.
+                        await trio.to_thread.run_sync(
+                            drain, state.paths.audit_log, state.progress, _print_progress
+                        )
                     await _reconcile(state, sink)
                 finally:
                     if state.work_quota and state.paths is not None:

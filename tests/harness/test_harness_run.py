@@ -398,3 +398,22 @@ def test_harness_process_killed_by_a_real_signal_leaves_nothing(setup, signum):
     assert events[-1]["status"] == 128 + signum
     assert list(setup["base"].iterdir()) == []
     assert brokers_of(roots) == []
+
+
+async def test_progress_prints_one_human_line_per_answer(setup, capsys):
+    config = write_config(setup["tmp"] / "c.json")
+    report_path = setup["tmp"] / "report.json"
+    stream = io.StringIO()
+    opts = options(setup, config, (sys.executable, str(setup["agent"]), str(report_path), "0"))
+    status = await run(with_options(opts, progress=True), EventSink(stream), setup["env"])
+    assert status == 0, events_of(stream)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("bounded-query:")]
+    assert lines[0].startswith("bounded-query: octo/alpha  boolean  5 bits  ")
+    assert lines[0].endswith("  ok")
+    assert lines[1].startswith("bounded-query: octo/vault  boolean  —  ")
+    assert lines[1].endswith("  bit-budget-exhausted")
+    assert len(lines) == 2
+    quiet = io.StringIO()
+    opts = with_options(opts, agent=(sys.executable, str(setup["agent"]), str(report_path), "0"))
+    assert await run(with_options(opts, progress=False), EventSink(quiet), setup["env"]) == 0
+    assert "bounded-query:" not in capsys.readouterr().err
