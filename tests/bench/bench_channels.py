@@ -125,8 +125,9 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
                 observations.append(json.loads(read_answer(dec) or b"{}"))
                 assert remove_tree(dec.workspace)
                 secret_list.append(secret)
-        await runner.reconcile()
     finally:
+        with trio.CancelScope(shield=True):
+            await runner.reconcile()
         runner.close()
         unmount(work)
         work.rmdir()

@@ -102,8 +102,9 @@ async def _trials(engine, runtime: str, seed: Path, work: Path):
             secret_list.append(secret)
         assert leftover_containers(engine, cfg.run_id) == []
         assert len(leftover_containers(engine, cfg.run_id, pin=True)) == 1
-        await runner.reconcile()
     finally:
+        with trio.CancelScope(shield=True):
+            await runner.reconcile()
         runner.close()
     assert leftover_containers(engine, cfg.run_id, pin=True) == []
     assert leftover_volumes(engine, cfg.run_id) == []
