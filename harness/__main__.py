@@ -126,6 +126,9 @@ def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions
         agent_mounts=tuple(Path(p).absolute() for p in args.agent_mount),
         image=args.image,
         base=Path(args.state_base),
+        keep_state=(
+            Path(args.keep_state).absolute() if getattr(args, "keep_state", None) else None
+        ),
     )
 
 
@@ -377,6 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(run_parser)
     run_parser.add_argument(
         "--compose", action="store_true", help="run the broker as the compose service"
+    )
+    run_parser.add_argument(
+        "--keep-state",
+        default=None,
+        metavar="DIR",
+        help="copy the journal, audit log, seed map and broker config to DIR at teardown"
+        " (for report --state DIR)",
     )
     run_parser.add_argument("--compose-project", default=None, help=argparse.SUPPRESS)
     _add_agent_options(run_parser)

@@ -21,6 +21,7 @@ can still be written.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +57,33 @@ class EventSink:
         self._clock = clock
         self.degraded: list[str] = []
         self.events: list[dict[str, Any]] = []
+        self._redactions: list[tuple[str, str]] = []
+
+    def redact(self, path: os.PathLike[str] | str, label: str) -> None:
+        """From now on, write ``label`` (for example ``<privateRoot>``) for ``path``.
+
+        Events and degraded notes are operator-facing but still hold no host
+        path of the run's roots (issue 14 item 1): every string value of a
+        record, nested ones included, has the registered paths replaced,
+        longest first.
+        """
+        text = os.fspath(path)
+        if text and text not in {p for p, _ in self._redactions}:
+            self._redactions.append((text, label))
+            self._redactions.sort(key=lambda pair: len(pair[0]), reverse=True)
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str):
+            for path, label in self._redactions:
+                value = value.replace(path, label)
+            return value
+        if isinstance(value, list | tuple):
+            return [self._clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._clean(v) for k, v in value.items()}
+        return value
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line; never raises on a broken stream."""
@@ -64,7 +92,7 @@ class EventSink:
             "timestamp": _iso(self._clock()),
             "event": event,
         }
-        record.update((k, v) for k, v in fields.items() if k not in _RESERVED)
+        record.update((k, self._clean(v)) for k, v in fields.items() if k not in _RESERVED)
         self.events.append(record)
         try:
             self._stream.write(json.dumps(record, sort_keys=False, default=str) + "\n")
@@ -76,6 +104,7 @@ class EventSink:
 
     def degrade(self, subsystem: str, detail: str) -> None:
         """Record a degraded mode (shown in the step summary) and emit it."""
+        detail = self._clean(detail)
         note = f"{subsystem}: {detail}"
         if note not in self.degraded:
             self.degraded.append(note)

@@ -9,12 +9,16 @@ from a private root that a finished run kept or a crashed run left behind
 :func:`report_markdown` / :func:`report_document` render the same summary as
 the run itself writes (``summary.py``), as Markdown or as one JSON document
 of type :data:`REPORT_SCHEMA`. Nothing here writes to the state directory.
+``run --keep-state DIR`` (:func:`keep_state`) copies exactly those four files
+out of the private root at teardown, so the report works after the roots are
+deleted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,15 @@ from typing import Any
 from .paths import RunPaths
 from .summary import RunUsage, render_summary, usage_from_state
 
-__all__ = ["REPORT_SCHEMA", "KeptState", "load_state", "report_document", "report_markdown"]
+__all__ = [
+    "KEPT_FILES",
+    "REPORT_SCHEMA",
+    "KeptState",
+    "keep_state",
+    "load_state",
+    "report_document",
+    "report_markdown",
+]
 
 #: Record type of ``report --json`` (shipped schema: ``schemas/``).
 REPORT_SCHEMA = "bounded-query-report/v1"
@@ -51,6 +63,47 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _kept_files(paths: RunPaths) -> tuple[Path, ...]:
+    return (paths.seed_map, paths.broker_config, paths.journal, paths.audit_log)
+
+
+#: What ``run --keep-state DIR`` copies, relative to the private root: the
+#: accounting and its explanation, never a seed, a workspace or the socket.
+KEPT_FILES = tuple(
+    str(p.relative_to("/r")) for p in _kept_files(RunPaths(Path("/r"), Path("/i")))
+)
+
+
+def keep_state(paths: RunPaths, target: Path) -> list[str]:
+    """Copy the run's :data:`KEPT_FILES` into ``target`` (teardown, broker stopped).
+
+    ``target`` is created with mode 0700 (it must not exist, or be an empty
+    directory); the copies are 0600. Returns the relative names copied; a
+    missing source file is skipped (a crashed run may lack some).
+
+    Raises:
+        FileExistsError: ``target`` exists and is not an empty directory.
+        OSError: the copy failed.
+    """
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"{target} exists and is not an empty directory")
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    copied: list[str] = []
+    for source in _kept_files(paths):
+        relative = source.relative_to(paths.private_root)
+        try:
+            data = source.read_bytes()
+        except FileNotFoundError:
+            continue
+        dest = target / relative
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        copied.append(str(relative))
+    return copied
 
 
 def load_state(private_root: Path) -> KeptState:

@@ -61,6 +61,7 @@ from typing import Any, Protocol
 
 import trio
 from bounded_query.broker.runner import LABEL_RUN, parse_memory_limit
+from bounded_query.sandbox.cpus import agent_cpus
 
 from .agent import (
     AgentHandle,
@@ -102,6 +103,7 @@ from .preflight import (
 )
 from .progress import AuditFollower, drain, follow_audit
 from .quota import mount_work_quota, unmount_work_quota
+from .report import keep_state
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
 from .sweep import MODE_COMPOSE, MODE_RUN, current_owner, sweep_stale_roots, write_owner_record
@@ -167,9 +169,22 @@ class RunOptions:
     #: ``--allow-runc-mixed-sensitivity``: accept a public + metered run where
     #: cross-invocation channels stay open, degraded (harness/channel_policy.py).
     allow_mixed_sensitivity: bool = False
+    #: ``--keep-state DIR``: copy the journal, audit log, seed map and broker
+    #: config there at teardown, for ``report --state DIR`` (``report.py``).
+    keep_state: Path | None = None
     #: One human line per answered invocation on stderr (``progress.py``);
     #: None: when stderr is a terminal.
     progress: bool | None = None
+
+
+async def _keep_state(paths: RunPaths, target: Path, sink: EventSink) -> None:
+    """Copy the run's state out before the roots go; a failure only degrades."""
+    try:
+        copied = await trio.to_thread.run_sync(keep_state, paths, target)
+    except OSError as exc:
+        sink.degrade("keep-state", f"the run's state was not kept: {exc.strerror or exc}")
+        return
+    sink.emit("state_kept", files=copied)
 
 
 def _print_progress(line: str) -> None:
@@ -353,10 +368,13 @@ AgentLauncher = Callable[[], Awaitable[AgentHandle]]
 
 
 def _host_launcher(
-    options: RunOptions, env: Mapping[str, str], user: AgentUser | None
+    options: RunOptions, env: Mapping[str, str], user: AgentUser | None, *, pin: bool = True
 ) -> AgentLauncher:
     async def launch() -> AgentHandle:
-        return await start_host_agent(options.agent, env, str(options.workspace), user)
+        agent = await start_host_agent(options.agent, env, str(options.workspace), user)
+        if pin:
+            _pin_host_agent(agent.pid)
+        return agent
 
     return launch
 
@@ -391,17 +409,17 @@ def _container_launcher(
     return launch
 
 
-def _agent_cpuset() -> str | None:
-    """``CpusetCpus`` for the agent container, from ``sandbox/cpus.py`` when present."""
-    try:
-        from bounded_query.sandbox import cpus  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:  # TODO(lead): sandbox/cpus.py not there yet: no pinning
-        return None
-    agent_cpus = getattr(cpus, "agent_cpus", None)
-    if agent_cpus is None:
-        return None
-    value = agent_cpus(os.cpu_count() or 1)
-    return value if isinstance(value, str) and value else None
+def _agent_cpuset() -> str:
+    """The agent's CPUs (``sandbox/cpus.py``): disjoint from the queries' when partitioned."""
+    return agent_cpus(os.cpu_count() or 1)
+
+
+def _pin_host_agent(pid: int) -> None:
+    """Best effort: a host agent runs on the agent CPUs too (a failure changes nothing)."""
+    first_last = [part.split("-") for part in _agent_cpuset().split(",")]
+    cpus = {c for bounds in first_last for c in range(int(bounds[0]), int(bounds[-1]) + 1)}
+    with contextlib.suppress(OSError, ValueError):
+        os.sched_setaffinity(pid, cpus)
 
 
 async def _start_agent(launch: AgentLauncher, state: _RunState, sink: EventSink) -> int:
@@ -501,6 +519,8 @@ async def _prepare(
     state.run_id = secrets.token_hex(16)
     state.docker_host = docker_host_from_env(env)
     paths = run_paths(os.getuid(), options.workspace, state.run_id, options.base)
+    sink.redact(paths.private_root, "<privateRoot>")
+    sink.redact(paths.ingress_root, "<ingressRoot>")
     home = (Path(env["HOME"]),) if env.get("HOME", "").startswith("/") else ()
     visible = (Path("/tmp"), options.workspace, *home, *options.agent_mounts)
     inputs = PreflightInputs(
@@ -658,7 +678,9 @@ async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: Eve
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, state, sink)
         with state.cancel:
-            status = await _start_agent(_host_launcher(options, env, None), state, sink)
+            status = await _start_agent(
+                _host_launcher(options, env, None, pin=False), state, sink
+            )
         nursery.cancel_scope.cancel()
     if state.signal_number is not None and not state.agent_done:
         status = 128 + state.signal_number
@@ -872,6 +894,8 @@ async def run(
                         await unmount_work_quota(state.paths.workspaces_dir, sink)
                         state.work_quota = False
                 _summarize(state, status, phase, sink, env)
+                if options.keep_state is not None and state.paths is not None:
+                    await _keep_state(state.paths, options.keep_state, sink)
                 await _remove_roots(state, sink)
             finally:
                 sink.emit("run_end", status=status, phase=phase)

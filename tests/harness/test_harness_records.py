@@ -80,3 +80,24 @@ def test_schema_rejects_untyped_forged_or_secret_bearing_records(record):
     validator = _validator()
     assert validator.is_valid(_OK)
     assert not validator.is_valid(record)
+
+
+def test_registered_roots_are_redacted_everywhere_in_a_record():
+    stream = io.StringIO()
+    sink = EventSink(stream, clock=lambda: 0.0)
+    sink.redact("/var/tmp/base/awf-private-1", "<privateRoot>")
+    sink.redact("/var/tmp/base", "<base>")
+    sink.emit(
+        "x",
+        message="cannot read /var/tmp/base/awf-private-1/seeds/abc",
+        path=Path("/var/tmp/base/other"),
+        nested={"list": ["/var/tmp/base/awf-private-1", 3]},
+    )
+    sink.degrade("staging", "gone: /var/tmp/base/awf-private-1/x")
+    text = stream.getvalue()
+    assert "/var/tmp/base" not in text
+    first = json.loads(text.splitlines()[0])
+    assert first["message"] == "cannot read <privateRoot>/seeds/abc"
+    assert first["path"] == "<base>/other"
+    assert first["nested"] == {"list": ["<privateRoot>", 3]}
+    assert sink.degraded == ["staging: gone: <privateRoot>/x"]

@@ -34,7 +34,7 @@ from tests.harness.bq_harness_helpers import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-AGENT = r'''
+AGENT = r"""
 import json, os, subprocess, sys
 report = {
     "socket": os.environ.get("AWF_BOUNDED_QUERY_SOCKET"),
@@ -58,7 +58,7 @@ report["alpha"] = ask("octo/alpha", {"type": "boolean"})
 report["vault"] = ask("octo/vault", {"type": "boolean"})
 json.dump(report, open(sys.argv[1], "w"))
 sys.exit(int(sys.argv[2]))
-'''
+"""
 
 
 def write_config(path: Path, enabled: bool = True, timeout: int = 30) -> Path:
@@ -269,8 +269,10 @@ async def test_signal_is_forwarded_to_the_agent_and_everything_is_torn_down(setu
         """
     )
     status, text = await run_and_signal(
-        options(setup, config, (sys.executable, "-c", code)), setup["env"],
-        lambda _events: marker.exists(), signal.SIGTERM,
+        options(setup, config, (sys.executable, "-c", code)),
+        setup["env"],
+        lambda _events: marker.exists(),
+        signal.SIGTERM,
     )
     assert status == 128 + signal.SIGTERM
     assert list(setup["base"].iterdir()) == []
@@ -375,9 +377,20 @@ def test_harness_process_killed_by_a_real_signal_leaves_nothing(setup, signum):
     config = write_config(setup["tmp"] / "c.json")
     marker = setup["tmp"] / "started"
     process = subprocess.Popen(
-        [sys.executable, "-c", HARNESS_PROCESS, str(config), str(setup["source"]),
-         str(setup["workspace"]), str(setup["base"]), str(marker)],
-        env=setup["env"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            HARNESS_PROCESS,
+            str(config),
+            str(setup["source"]),
+            str(setup["workspace"]),
+            str(setup["base"]),
+            str(marker),
+        ],
+        env=setup["env"],
+        cwd=REPO_ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -417,3 +430,73 @@ async def test_progress_prints_one_human_line_per_answer(setup, capsys):
     opts = with_options(opts, agent=(sys.executable, str(setup["agent"]), str(report_path), "0"))
     assert await run(with_options(opts, progress=False), EventSink(quiet), setup["env"]) == 0
     assert "bounded-query:" not in capsys.readouterr().err
+
+
+RECORDS_AGENT = r"""
+import json, subprocess, sys
+def ask(script):
+    done = subprocess.run(
+        ["bounded-query", "--repo", "octo/alpha", "--schema", '{"type":"boolean"}'],
+        input=script.encode(), capture_output=True, check=True)
+    return done.stdout.decode()
+out = "import json, os\nout = os.environ.get('QUERY_OUT', '/query/out')\n"
+first = ask(out + "json.dump(True, open(out, 'w'))  # DISTINCT-SCRIPT-7f3a\n")
+second = ask(out + "json.dump('DISTINCT-OUTPUT-9c1e', open(out, 'w'))\n")
+sys.exit(0 if (first, second) == ('{"status":"ok","result":true}\n', '{"status":"error"}\n') else 3)
+"""
+
+
+async def test_no_record_holds_a_script_an_output_a_host_path_or_a_token(setup):
+    """Issue 14 item 1: scan every record of a run that used distinctive strings."""
+    import jsonschema
+    from bounded_query.harness.events import schema_path
+    from bounded_query.harness.report import load_state, report_document
+
+    agent = setup["tmp"] / "records_agent.py"
+    agent.write_text(RECORDS_AGENT)
+    config = write_config(setup["tmp"] / "c.json")
+    kept = setup["tmp"] / "kept"
+    env = {**setup["env"], "GH_TOKEN": "DISTINCT-TOKEN-51b2", "GITHUB_TOKEN": "DISTINCT-TOKEN-51b2"}
+    stream = io.StringIO()
+    opts = with_options(options(setup, config, (sys.executable, str(agent))), keep_state=kept)
+    status = await run(opts, EventSink(stream), env)
+    assert status == 0, events_of(stream)
+    audit = (kept / "audit" / "audit.jsonl").read_bytes()
+    journal = (kept / "state" / "journal").read_bytes()
+    report = json.dumps(report_document(load_state(kept)))
+    records = {
+        "events": stream.getvalue().encode(),
+        "step summary": setup["summary"].read_bytes(),
+        "audit": audit,
+        "journal": journal,
+        "report": report.encode(),
+    }
+    secrets = {
+        "script": b"DISTINCT-SCRIPT-7f3a",
+        "output": b"DISTINCT-OUTPUT-9c1e",
+        "token": b"DISTINCT-TOKEN-51b2",
+        "host path": str(setup["base"]).encode(),
+    }
+    for where, data in records.items():
+        for what, needle in secrets.items():
+            assert needle not in data, f"the {where} holds the {what}"
+    lines = [json.loads(line) for line in audit.splitlines()]
+    assert [(r["repo"], r["category"]) for r in lines] == [
+        ("octo/alpha", "ok"),
+        ("octo/alpha", "invalid-output"),
+    ]
+    for record_type, docs in (
+        ("bounded-query-audit/v1", lines),
+        ("bounded-query-event/v1", events_of(stream)),
+        ("bounded-query-report/v1", [json.loads(report)]),
+    ):
+        schema = json.loads(schema_path(record_type).read_text(encoding="utf-8"))
+        for doc in docs:
+            jsonschema.validate(doc, schema)
+    kept_event = [e for e in events_of(stream) if e["event"] == "state_kept"]
+    assert kept_event[0]["files"] == [
+        "seed-map.json",
+        "broker.json",
+        "state/journal",
+        "audit/audit.jsonl",
+    ]
