@@ -31,6 +31,7 @@ from bounded_query.harness.agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.run import RunOptions, run
 from bounded_query.harness.sweep import MODE_RUN, OwnerRecord, current_owner
+from bounded_query.sandbox.cpus import agent_cpus
 
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
@@ -147,7 +148,7 @@ async def test_the_agent_sees_only_its_three_mounts_and_the_image(setup):
         "import json, os\n"
         "mounts = [l.split()[4] for l in open('/proc/self/mountinfo')]\n"
         "json.dump({'mounts': mounts, 'caps': [l for l in open('/proc/self/status')\n"
-        "           if l.startswith(('CapEff', 'CapPrm', 'NoNewPrivs'))]},\n"
+        "           if l.startswith(('CapEff', 'CapPrm', 'NoNewPrivs', 'Cpus_allowed_list'))]},\n"
         f"          open({str(setup['ws'] / 'm.json')!r}, 'w'))\n"
     )
     status = await run(options(setup, ("python3", "-c", code)), EventSink(io.StringIO()),
@@ -164,6 +165,8 @@ async def test_the_agent_sees_only_its_three_mounts_and_the_image(setup):
     assert caps["CapEff"].strip() == "0000000000000000"
     assert caps["CapPrm"].strip() == "0000000000000000"
     assert caps["NoNewPrivs"].strip() == "1"
+    # Pinned to the agent CPUs (sandbox/cpus.py), disjoint from the queries' when partitioned.
+    assert caps["Cpus_allowed_list"].strip() == agent_cpus(os.cpu_count() or 1)
 
 
 async def test_a_signal_is_forwarded_into_the_container(setup):
