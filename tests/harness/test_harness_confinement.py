@@ -11,7 +11,8 @@ question. While it runs, this test scans every process on the machine for
 the token (``/proc/*/environ`` and ``/proc/*/cmdline``): after staging only
 the clone children may ever have held it, and they are gone.
 
-Modes: the agent container (on both query runtimes), a host agent as an
+Modes: the agent container (on both query runtimes, and with the compose
+broker of `run --compose`), a host agent as an
 unprivileged user (``--agent-on-host --agent-user``), and the unconfined
 host agent, which is reported degraded (and shows what the README's table
 says it can reach).
@@ -268,9 +269,12 @@ def assert_confined(result: dict, uid: int) -> None:
                    for e in result["events"])
 
 
-@pytest.mark.parametrize("runtime", ["docker", "gvisor"])
-def test_agent_container_reaches_nothing_and_still_asks(engine, tmp_path, runtime):
-    result = run_probe(tmp_path, runtime, [], CONTAINER_UID)
+@pytest.mark.parametrize(
+    ("runtime", "broker"), [("docker", []), ("gvisor", []), ("docker", ["--compose"])],
+    ids=["docker", "gvisor", "compose-broker"],
+)
+def test_agent_container_reaches_nothing_and_still_asks(engine, tmp_path, runtime, broker):
+    result = run_probe(tmp_path, runtime, broker, CONTAINER_UID)
     assert_confined(result, CONTAINER_UID)
     mode = next(e for e in result["events"] if e["event"] == "agent_mode")
     assert mode["mode"] == "container"

@@ -289,6 +289,12 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
     assert "<- refused: 14 bits > 5 left" in out
     assert "a boolean question -> {\"status\":\"error\"}" in out
     assert "| `example/widgets` | internal | 64 | 64 | 9 |" in out
+    # The example agent ran confined, in its own container (issue 8).
+    log = Path(tempfile.gettempdir()) / "bounded-query-demo-events.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    [mode] = [e for e in events if e.get("event") == "agent_mode"]
+    assert mode["mode"] == "container"
+    assert mode["user"] != "0:0"
 
 
 @pytest.mark.parametrize("mode", ["gvisor", "compose"])
