@@ -92,7 +92,7 @@ from .outputs import (
     write_agent_side,
     write_json_private,
 )
-from .paths import DEFAULT_BASE, RunPaths, run_paths
+from .paths import DEFAULT_BASE, RunPaths, overlaps, run_paths
 from .preflight import (
     TOKEN_VARIABLES,
     PreflightInputs,
@@ -687,8 +687,16 @@ async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: Eve
     return status
 
 
+def docker_socket_path(docker_host: str) -> str:
+    """The Docker socket's path of a ``unix://`` host, else the empty string."""
+    return docker_host[len("unix://"):] if docker_host.startswith("unix://") else ""
+
+
 def agent_mode_problems(
-    options: RunOptions, user: AgentUser | None, harness_uid: int
+    options: RunOptions,
+    user: AgentUser | None,
+    harness_uid: int,
+    docker_host: str = "unix:///var/run/docker.sock",
 ) -> list[Problem]:
     """Why the requested agent mode is refused (empty: allowed); issue 8 item 2."""
     where = "--agent-on-host"
@@ -696,6 +704,10 @@ def agent_mode_problems(
         return [Problem("--unconfined-agent", "only applies to --agent-on-host",
                         "drop --unconfined-agent (the agent container is confined)")]
     if not options.agent_on_host:
+        socket = docker_socket_path(docker_host)
+        if socket and overlaps(options.workspace, Path(socket)):
+            return [Problem("--workspace", f"contains the Docker socket {socket}, which the"
+                            " agent container would then reach", "pick another workspace")]
         return []
     if user is None and not options.unconfined_agent:
         return [
@@ -822,7 +834,7 @@ async def run(
     status = EXIT_HARNESS
     phase = "preflight"
     user = resolve_agent_user(options)
-    refusal = agent_mode_problems(options, user, os.getuid())
+    refusal = agent_mode_problems(options, user, os.getuid(), docker_host_from_env(env))
     if not refusal and not options.agent_on_host and options.probe_runtime:
         refusal = await trio.to_thread.run_sync(
             agent_image_problems, docker_host_from_env(env), options.agent_image

@@ -227,6 +227,13 @@ def test_agent_mode_rules(changes, user, harness_uid, where):
     assert all(isinstance(p, Problem) and p.hint for p in problems)
 
 
+@pytest.mark.parametrize("workspace", ["/var/run", "/", "/var/run/docker.sock", "/run/.."])
+def test_a_workspace_holding_the_docker_socket_is_refused(workspace):
+    problems = agent_mode_problems(options(workspace=Path(workspace)), AgentUser(1, 1), 0)
+    assert [p.location for p in problems] == ["--workspace"]
+    assert agent_mode_problems(options(workspace=Path("/var/tmp/ws")), AgentUser(1, 1), 0) == []
+
+
 def test_cli_refuses_root_as_agent_user(capsys):
     assert main(["run", "--config", "-", "--agent-user", "0", "--", "true"]) == 2
     assert "usage_error" in capsys.readouterr().err
