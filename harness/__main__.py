@@ -4,7 +4,11 @@ Subcommands:
 
 * ``validate --config FILE|-``: load and validate only (exit 0 or 2);
 * ``run --config FILE [--seed-source owner/repo=PATH ...] -- AGENT...``:
-  validate, preflight, stage, start the broker, run the agent, tear down;
+  validate, preflight, stage, start the broker, run the agent, tear down.
+  The agent runs confined (README "Confinement"): in its own container
+  (``--agent-image``, ``--agent-network``, ``--agent-user UID[:GID]``), or
+  with ``--agent-on-host --agent-user`` as a checked unprivileged host user;
+  ``--agent-on-host --unconfined-agent`` keeps the harness's uid, degraded;
 * ``compose --config FILE --out DIR``: stage and write a compose project;
 * ``demo``: the built-in example end to end;
 * ``mcp-config --client claude|copilot|codex|gemini``: print that client's
@@ -38,7 +42,9 @@ from .config import SLUG_RE
 from .events import EventSink, append_step_summary
 from .outputs import DEFAULT_IMAGE
 from .paths import DEFAULT_BASE
+from .preflight import TOKEN_VARIABLES
 from .run import RunOptions, load_reported, run
+from .tokens import scrub_process_environment
 
 __all__ = ["EXIT_HARNESS", "build_parser", "main"]
 
@@ -175,7 +181,9 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
     if not loaded.config.enabled:
         sink.emit("bounded_queries_disabled", message="nothing to compose")
         return 0
-    prepared = trio.run(prepare, options, loaded, dict(os.environ), sink)
+    env = dict(os.environ)
+    scrub_process_environment(TOKEN_VARIABLES)  # staging has the copy (tokens.py)
+    prepared = trio.run(prepare, options, loaded, env, sink)
     if prepared is None:
         return EXIT_HARNESS
     work_dir = prepared.paths.workspaces_dir
