@@ -137,10 +137,10 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
             print(secret, {k: obs[k] for k in ("ino_pipe", "ino_socket", "cache_ns_0")})
     results = channels.evaluate(secret_list, observations)
     print(f"\n## {runtime} ({spec.RUNTIMES[runtime]}), {mode}, {count} trials")
-    print("| channel | correct/total bits | chance bound | capacity bits/trial | feature |")
+    print("| channel | correct/total bits | chance: n/2 +- | capacity bits/trial | feature |")
     print("| --- | --- | --- | --- | --- |")
     for name, (correct, total, feature) in results.items():
-        bound = total / 2 + channels.CHANCE_SIGMAS * total**0.5 / 2
+        bound = channels.CHANCE_SIGMAS * total**0.5 / 2
         cap = channels.capacity_bits(correct, total)
         verdict = "chance" if channels.at_chance(correct, total) else "OPEN"
         print(f"| {name} | {correct}/{total} ({verdict}) | {bound:.0f} | {cap:.2f} | {feature} |")

@@ -119,9 +119,7 @@ async def _trial(runner: DockerRunner, work: Path, seed: Path, kind: str, cpus: 
 
 
 def _capacity(correct: int, total: int) -> float:
-    p = 1 - correct / total
-    if p >= 0.5:
-        return 0.0
+    p = min(correct, total - correct) / total  # an inverted decoder is as good
     h = 0.0 if p == 0 else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
     return BITS * (1 - h)
 
@@ -131,7 +129,7 @@ async def run(runtime: str, trials: int, base: Path) -> None:
     seed = make_seed(base / f"seed-{runtime}")
     oci = spec.RUNTIMES[runtime]
     print(f"\n## {runtime} ({oci}), {trials} trials x {BITS} bits, slot {SLOT_S}s")
-    print("| placement | encoder | correct/total | chance bound (4.5 sd) | bits per trial |")
+    print("| placement | encoder | correct/total | chance: n/2 +- (4.5 sd) | bits per trial |")
     print("| --- | --- | --- | --- | --- |")
     saved = spec._host_config
     try:
@@ -165,9 +163,9 @@ async def run(runtime: str, trials: int, base: Path) -> None:
                         await runner.reconcile()
                     runner.close()
                     work.rmdir()
-                bound = total / 2 + 4.5 * math.sqrt(total) / 2
+                bound = 4.5 * math.sqrt(total) / 2
                 cap = _capacity(correct, total) if total else 0.0
-                print(f"| {placement} | {kind} | {correct}/{total} | {bound:.0f} | {cap:.2f} |")
+                print(f"| {placement} | {kind} | {correct}/{total} | {total / 2:.0f} +- {bound:.0f} | {cap:.2f} |")
                 sys.stdout.flush()
     finally:
         spec._host_config = saved

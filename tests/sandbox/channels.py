@@ -208,16 +208,15 @@ def correct_bits(secrets: Sequence[int], guesses: Sequence[int]) -> int:
 
 def at_chance(correct: int, total: int) -> bool:
     """True when ``correct`` of ``total`` bits is within chance (see module docstring)."""
-    return correct <= total / 2 + CHANCE_SIGMAS * math.sqrt(total) / 2
+    # two-sided: a decoder that is reliably wrong is a decoder (invert it)
+    return abs(correct - total / 2) <= CHANCE_SIGMAS * math.sqrt(total) / 2
 
 
 def capacity_bits(correct: int, total: int) -> float:
     """Bits per trial of a binary symmetric channel with the observed error rate."""
     if total == 0:
         return 0.0
-    p = 1 - correct / total
-    if p >= 0.5:
-        return 0.0
+    p = min(correct, total - correct) / total  # an inverted decoder is as good
     entropy = 0.0 if p == 0 else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
     return BITS * (1 - entropy)
 
