@@ -165,7 +165,8 @@ async def run(runtime: str, trials: int, base: Path) -> None:
                     work.rmdir()
                 bound = 4.5 * math.sqrt(total) / 2
                 cap = _capacity(correct, total) if total else 0.0
-                print(f"| {placement} | {kind} | {correct}/{total} | {total / 2:.0f} +- {bound:.0f} | {cap:.2f} |")
+                chance = f"{total / 2:.0f} +- {bound:.0f}"
+                print(f"| {placement} | {kind} | {correct}/{total} | {chance} | {cap:.2f} |")
                 sys.stdout.flush()
     finally:
         spec._host_config = saved
