@@ -1,4 +1,4 @@
-"""The cross-invocation channel policy (harness/channel_policy.py, issue 9) and its preflight hook."""
+"""The cross-invocation channel policy (harness/channel_policy.py, issue 9) and its hook."""
 
 from __future__ import annotations
 
