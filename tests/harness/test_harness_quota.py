@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.quota import (
     WORK_QUOTA_MIN_BYTES,
@@ -134,6 +135,28 @@ def test_mount_has_the_quota_and_a_busy_tmpfs_is_detached(tmp_path):
         finally:
             os.close(fd)
         assert unmount(target) == "absent"
+        target.rmdir()
+
+
+async def test_work_quota_is_a_shared_mount_for_the_compose_broker():
+    """Issue 9: the compose broker's rshared bind of work/ needs a shared mount there."""
+    require_root()
+    with quota_base() as base:
+        target = base / "work"
+        sink = EventSink(io.StringIO())
+        assert await mount_work_quota(target, 64 * MiB, sink)
+        try:
+            lines = (await trio.Path("/proc/self/mountinfo").read_text()).splitlines()
+            (line,) = [ln for ln in lines if ln.split()[4] == str(target)]
+            optional = line.split(" - ")[0].split()[6:]
+            assert any(field.startswith("shared:") for field in optional), line
+            # a mount below it (an invocation's tmpfs) works and goes with it
+            (target / "inv").mkdir()
+            mount_tmpfs(target / "inv", work_quota(32 * MiB))
+            assert mounts_under(base) == [str(target), str(target / "inv")]
+        finally:
+            assert unmount(target) == "detached"  # busy with the submount
+        assert mounts_under(base) == []
         target.rmdir()
 
 
