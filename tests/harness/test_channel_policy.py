@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from bounded_query.harness.channel_policy import (
@@ -95,3 +96,71 @@ def test_preflight_accepts_with_the_flag_or_on_gvisor_as_root(tmp_path):
 def test_preflight_ignores_unmixed_runs(tmp_path):
     for classes in (("public", "public"), ("internal", "confidential", "sealed")):
         assert _channel_locations(static_problems(_inputs(tmp_path, "docker", classes))) == []
+
+
+async def _mixed_run(tmp_path, *, allow: bool):
+    """One in-process ``run`` (fake broker) of a public and a confidential repository on runc."""
+    import io
+    import json
+    import os
+    import sys
+
+    from bounded_query.harness.events import EventSink
+    from bounded_query.harness.run import RunOptions, run
+
+    from tests.harness.bq_harness_helpers import (
+        FAKE_BROKER,
+        HARNESS_TESTS_ROOT,
+        HOST_AGENT,
+        make_repo,
+        mount_safe_base,
+    )
+
+    sources = {}
+    for slug in ("octo/alpha", "octo/beta"):
+        sources[slug] = tmp_path / slug.replace("/", "-")
+        make_repo(sources[slug], {"README.md": "hi\n"})
+    config = tmp_path / "c.json"
+    repos = [
+        {"repo": "octo/alpha", "sensitivity": "public"},
+        {"repo": "octo/beta", "sensitivity": "confidential"},
+    ]
+    section = {"enabled": True, "memoryLimit": "64m", "privateRepos": repos}
+    config.write_text(json.dumps({"boundedQueries": section}))
+    stream = io.StringIO()
+    with mount_safe_base() as base:
+        options = RunOptions(
+            config_source=str(config),
+            agent=(sys.executable, "-c", "pass"),
+            seed_sources=sources,
+            workspace=tmp_path,
+            base=base,
+            broker_command=FAKE_BROKER,
+            probe_runtime=False,
+            allow_mixed_sensitivity=allow,
+            **HOST_AGENT,
+        )
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+        status = await run(options, EventSink(stream), env)
+    return status, [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+async def test_the_harness_refuses_a_mixed_runc_run(tmp_path):
+    status, events = await _mixed_run(tmp_path, allow=False)
+    assert status == 2
+    kinds = [e["event"] for e in events]
+    assert "preflight_failed" in kinds
+    assert "broker_started" not in kinds
+    assert "broker_ready" not in kinds
+    assert ALLOW_FLAG in json.dumps(events)
+
+
+async def test_the_flag_accepts_it_degraded(tmp_path):
+    from tests.harness.bq_harness_helpers import require_root
+
+    require_root()
+    status, events = await _mixed_run(tmp_path, allow=True)
+    assert status == 0, events
+    assert "broker_ready" in [e["event"] for e in events]
+    degraded = [e for e in events if e["event"] == "degraded"]
+    assert any(e["subsystem"] == "cross-invocation channels" for e in degraded), degraded
