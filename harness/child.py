@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
+from bounded_query.sandbox.cpus import agent_cpu_set
 
 from .paths import RunPaths
 
@@ -90,16 +91,22 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: SIGTERM this child when the thread that forked it dies.
+    """A ``preexec_fn``: SIGTERM this child when the thread that forked it dies,
+    and pin it to the agent/broker CPUs.
 
     If the parent died between fork and prctl, the signal would never come:
     then the child terminates itself at once.
     """
 
+    cpus = agent_cpu_set(os.cpu_count() or 1)
+
     def preexec() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
+        # The broker stays off the query CPUs (sandbox/cpus.py; issue 9 part 5).
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
 
     return preexec
 

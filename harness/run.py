@@ -61,7 +61,7 @@ from typing import Any, Protocol
 
 import trio
 from bounded_query.broker.runner import LABEL_RUN, parse_memory_limit
-from bounded_query.sandbox.cpus import agent_cpus
+from bounded_query.sandbox.cpus import agent_cpu_set, agent_cpus
 
 from .agent import (
     AgentHandle,
@@ -416,10 +416,8 @@ def _agent_cpuset() -> str:
 
 def _pin_host_agent(pid: int) -> None:
     """Best effort: a host agent runs on the agent CPUs too (a failure changes nothing)."""
-    first_last = [part.split("-") for part in _agent_cpuset().split(",")]
-    cpus = {c for bounds in first_last for c in range(int(bounds[0]), int(bounds[-1]) + 1)}
     with contextlib.suppress(OSError, ValueError):
-        os.sched_setaffinity(pid, cpus)
+        os.sched_setaffinity(pid, agent_cpu_set(os.cpu_count() or 1))
 
 
 async def _start_agent(launch: AgentLauncher, state: _RunState, sink: EventSink) -> int:

@@ -22,7 +22,7 @@ Pure: no os import; callers pass the count.
 
 from __future__ import annotations
 
-__all__ = ["agent_cpus", "cpu_list", "partitioned", "query_cpus"]
+__all__ = ["agent_cpu_set", "agent_cpus", "cpu_list", "partitioned", "query_cpus"]
 
 
 def _check(host_cpus: int) -> None:
@@ -69,3 +69,13 @@ def agent_cpus(host_cpus: int) -> str:
     if host_cpus == 1:
         return "0"
     return cpu_list(0, host_cpus - host_cpus // 2 - 1)
+
+
+def agent_cpu_set(host_cpus: int) -> set[int]:
+    """:func:`agent_cpus` as a set of CPU numbers (for ``sched_setaffinity``).
+
+    Raises:
+        ValueError: ``host_cpus`` is not a positive integer.
+    """
+    first, _, last = agent_cpus(host_cpus).partition("-")
+    return set(range(int(first), int(last or first) + 1))
