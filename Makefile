@@ -19,6 +19,7 @@ images: install engine
 
 lint: install
 	ruff check broker sandbox wrapper seccomp harness tests
+	ruff format --check broker sandbox wrapper seccomp harness tests
 	.ci/typecheck
 
 test: images lint test-tools
@@ -37,6 +38,11 @@ bench: images
 	$(PYTHON) tests/bench/bench_timing.py
 	$(PYTHON) tests/bench/bench_broker_load.py
 	$(PYTHON) tests/bench/bench_sandbox.py
+	$(PYTHON) tests/bench/bench_refusal_flood.py
+	$(PYTHON) tests/bench/bench_agent_start.py
+	$(PYTHON) tests/bench/bench_channels.py
+	$(PYTHON) tests/bench/bench_contention.py
+	$(PYTHON) -m tests.wrapper.bench_mcp 100
 
 demo: images
 	bounded-query-harness demo

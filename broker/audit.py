@@ -1,4 +1,4 @@
-"""The protected audit log (spec 14.7; DESIGN.md decision 7).
+"""The protected audit log (spec 14.7; docs/architecture.md decision 7).
 
 Theory of operation: the agent only ever sees the canonical bodies; the
 *reason* for an outcome goes here, below the broker-private root, one JSON

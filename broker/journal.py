@@ -1,4 +1,4 @@
-"""The durable accounting journal (DESIGN.md decision 1; spec 14.1, 14.3).
+"""The durable accounting journal (docs/architecture.md decision 1; spec 14.1, 14.3).
 
 Theory of operation: every fact that authorizes an action is appended to the
 journal and fsync'd *before* the action happens: ``admitted`` before the

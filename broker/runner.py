@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Failure categories a runner may report; they go to the protected audit log
-#: only (DESIGN.md decision 7) and never reach the agent.
+#: only (docs/architecture.md decision 7) and never reach the agent.
 FAILURE_CATEGORIES = frozenset(
     {
         "query-launch-failed",  # the container could not be created or started

@@ -238,8 +238,14 @@ def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
         sink.emit("usage_error", message=f"no compose state in {args.out}: {exc}")
         return EXIT_HARNESS
     done = run_compose(
-        state["project"], Path(state["composeFile"]), state["dockerHost"], "down",
-        "--remove-orphans", "--timeout", "20", check=False,
+        state["project"],
+        Path(state["composeFile"]),
+        state["dockerHost"],
+        "down",
+        "--remove-orphans",
+        "--timeout",
+        "20",
+        check=False,
     )
     sink.emit("compose_down", status=done.returncode)
     removed = reconcile_containers(state["dockerHost"], state["runId"])

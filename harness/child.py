@@ -146,5 +146,3 @@ async def start_child_broker(options: Any, paths: RunPaths, env: Mapping[str, st
         if stderr is not None:
             os.close(stderr)
     return ChildBroker(process)
-
-

@@ -390,8 +390,13 @@ class ComposeBroker:
     def exited(self) -> int | None:
         """The container's exit code once it stopped for good, else None."""
         done = subprocess.run(
-            ["docker", "inspect", "-f", "{{.State.Running}} {{.State.Restarting}} "
-             "{{.State.ExitCode}}", self.container],
+            [
+                "docker",
+                "inspect",
+                "-f",
+                "{{.State.Running}} {{.State.Restarting}} {{.State.ExitCode}}",
+                self.container,
+            ],
             env=_compose_env(self.docker_host),
             capture_output=True,
             text=True,
@@ -409,8 +414,14 @@ class ComposeBroker:
         code = self.exited()
         await trio.to_thread.run_sync(
             lambda: run_compose(
-                self.project, self.compose_file, self.docker_host, "down", "--remove-orphans",
-                "--timeout", "20", check=False,
+                self.project,
+                self.compose_file,
+                self.docker_host,
+                "down",
+                "--remove-orphans",
+                "--timeout",
+                "20",
+                check=False,
             )
         )
         return code

@@ -9,7 +9,7 @@ first and YAML second. The ``boundedQueries`` section is validated with
 present and are ignored. Every problem is collected, each with its location
 and a fix hint, and the caller exits 2 before anything else happens.
 
-Strictness beyond plain ``json``/``yaml.safe_load`` (DESIGN.md decision 6):
+Strictness beyond plain ``json``/``yaml.safe_load`` (docs/architecture.md decision 6):
 
 * duplicate mapping keys are rejected in JSON and in YAML;
 * ``NaN``/``Infinity`` are rejected;

@@ -53,8 +53,12 @@ def build_example_repo(target: Path) -> str:
     def git(*args: str, date: str = "") -> str:
         extra = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date} if date else {}
         return subprocess.run(
-            ["git", *args], cwd=target, env={**env, **extra}, check=True,
-            capture_output=True, text=True,
+            ["git", *args],
+            cwd=target,
+            env={**env, **extra},
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
 
     target.mkdir(parents=True)
@@ -63,9 +67,7 @@ def build_example_repo(target: Path) -> str:
         for name in names:
             source = EXAMPLE_DIR / "repo" / name
             if source.is_dir():
-                shutil.copytree(
-                    source, target / name, ignore=shutil.ignore_patterns("__pycache__")
-                )
+                shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copyfile(source, target / name)
         git("add", "-A")
@@ -95,8 +97,11 @@ def demo(env: dict[str, str] | None = None) -> int:
             workspace=workspace,
             broker_log=log,
         )
-        print(f"demo: staging {source} as example/widgets (internal) and example/vault"
-              f" (sealed); JSONL events -> {log}\n", flush=True)
+        print(
+            f"demo: staging {source} as example/widgets (internal) and example/vault"
+            f" (sealed); JSONL events -> {log}\n",
+            flush=True,
+        )
         log.write_text("")
         with log.open("a", encoding="utf-8") as stream:
             sink = EventSink(stream)

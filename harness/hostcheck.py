@@ -92,7 +92,7 @@ class HostCheck:
 
 
 def _docker_socket(docker_host: str) -> str:
-    return docker_host[len("unix://"):] if docker_host.startswith("unix://") else ""
+    return docker_host[len("unix://") :] if docker_host.startswith("unix://") else ""
 
 
 _FIX = "run the agent in its container (drop --agent-on-host), or pick another --agent-user"
@@ -104,8 +104,13 @@ def evaluate(
     """The problems in the probe's ``answer`` (empty: the user is confined enough)."""
     where = f"--agent-user {check.user}"
     problems: list[Problem] = []
-    expected = ["private_root_traverse", "private_root_list", "journal_write",
-                "docker_socket_connect", "docker_socket_open"]
+    expected = [
+        "private_root_traverse",
+        "private_root_list",
+        "journal_write",
+        "docker_socket_connect",
+        "docker_socket_open",
+    ]
     expected += [f"environ:{pid}" for pid in check.pids]
     what = {
         "private_root_traverse": "can traverse the private root",
@@ -135,8 +140,11 @@ def evaluate(
         problems.append(Problem(where, f"is in the Docker socket's group {docker_gid}", _FIX))
     if answer.get("broker_socket") != "connected":
         problems.append(
-            Problem(where, "cannot connect to the broker socket",
-                    "give the agent a gid of its own (UID:GID); the socket is made that group's")
+            Problem(
+                where,
+                "cannot connect to the broker socket",
+                "give the agent a gid of its own (UID:GID); the socket is made that group's",
+            )
         )
     return problems
 
@@ -164,9 +172,16 @@ def host_agent_problems(check: HostCheck) -> list[Problem]:
         except OSError:
             docker_gid = None
     argv = [
-        _probe_python(), "-I", "-S", "-c", PROBE_SOURCE,
-        str(check.private_root), str(check.journal), str(check.socket_path),
-        docker_socket or "/nonexistent", *(str(p) for p in check.pids),
+        _probe_python(),
+        "-I",
+        "-S",
+        "-c",
+        PROBE_SOURCE,
+        str(check.private_root),
+        str(check.journal),
+        str(check.socket_path),
+        docker_socket or "/nonexistent",
+        *(str(p) for p in check.pids),
     ]
     try:
         done = subprocess.run(

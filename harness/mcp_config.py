@@ -39,7 +39,7 @@ SERVER_NAME = "bounded-query"
 #: The MCP server as the agent sees it: first on PATH from the wrapper directory.
 SERVER_COMMAND = "bounded-query-mcp"
 
-#: Spec 14.8: the three variables the agent is given (DESIGN.md "Fixed interfaces").
+#: Spec 14.8: the three variables the agent is given (docs/architecture.md "Fixed interfaces").
 AGENT_VARIABLES = ("AWF_BOUNDED_QUERY_SOCKET", "AWF_BOUNDED_QUERY_SKILL", "AWF_BOUNDED_QUERY_REPOS")
 
 #: The supported clients and where their snippet goes.

@@ -137,9 +137,7 @@ def _limit_problems(config: BoundedQueriesConfig) -> list[Problem]:
             )
         )
     if not 1 <= config.max_invocations <= MAX_INVOCATIONS:
-        problems.append(
-            Problem("boundedQueries.maxInvocations", "outside 1-10000", "use 1-10000")
-        )
+        problems.append(Problem("boundedQueries.maxInvocations", "outside 1-10000", "use 1-10000"))
     if config.interpreter != "python3":
         problems.append(
             Problem(
@@ -305,7 +303,7 @@ async def _gvisor_probe(settings: RunnerSettings) -> list[Problem]:
             Problem(
                 "boundedQueries.runtime",
                 f"gvisor probe container failed: {exc}",
-                "fix runsc (see DESIGN.md environment facts)",
+                "fix runsc (see docs/architecture.md, Environment facts)",
             )
         ]
     return []

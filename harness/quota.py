@@ -1,4 +1,4 @@
-"""A hard size quota for the broker's invocation workspaces (DESIGN.md decision 3).
+"""A hard size quota for the broker's invocation workspaces (docs/architecture.md decision 3).
 
 Theory of operation: each query's writable ``/query/repo`` is an overlay whose
 upper layer lives in its workspace ``<privateRoot>/work/<invocationId>/upper``

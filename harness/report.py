@@ -71,9 +71,7 @@ def _kept_files(paths: RunPaths) -> tuple[Path, ...]:
 
 #: What ``run --keep-state DIR`` copies, relative to the private root: the
 #: accounting and its explanation, never a seed, a workspace or the socket.
-KEPT_FILES = tuple(
-    str(p.relative_to("/r")) for p in _kept_files(RunPaths(Path("/r"), Path("/i")))
-)
+KEPT_FILES = tuple(str(p.relative_to("/r")) for p in _kept_files(RunPaths(Path("/r"), Path("/i"))))
 
 
 def keep_state(paths: RunPaths, target: Path) -> list[str]:

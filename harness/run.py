@@ -272,10 +272,7 @@ def load_reported(
                 "",
                 "Nothing was staged or started. Fix every problem below and run again:",
                 "",
-                *(
-                    f"- `{p.location}`: {p.message} — fix: {p.hint}"
-                    for p in exc.problems
-                ),
+                *(f"- `{p.location}`: {p.message} — fix: {p.hint}" for p in exc.problems),
                 "",
             ]
         )
@@ -575,7 +572,11 @@ async def _prepare(
     try:
         seeds = await trio.to_thread.run_sync(
             lambda: stage_seeds(
-                specs, paths, env, token, on_staged=staged,
+                specs,
+                paths,
+                env,
+                token,
+                on_staged=staged,
                 allow_insecure_server=options.allow_insecure_server,
             )
         )
@@ -588,7 +589,11 @@ async def _prepare(
     write_json_private(
         paths.broker_config,
         broker_config_doc(
-            paths, state.run_id, config, image=options.image, docker_host=state.docker_host,
+            paths,
+            state.run_id,
+            config,
+            image=options.image,
+            docker_host=state.docker_host,
             socket_gid=state.socket_gid,
         ),
     )
@@ -676,9 +681,7 @@ async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: Eve
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, state, sink)
         with state.cancel:
-            status = await _start_agent(
-                _host_launcher(options, env, None, pin=False), state, sink
-            )
+            status = await _start_agent(_host_launcher(options, env, None, pin=False), state, sink)
         nursery.cancel_scope.cancel()
     if state.signal_number is not None and not state.agent_done:
         status = 128 + state.signal_number
@@ -687,7 +690,7 @@ async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: Eve
 
 def docker_socket_path(docker_host: str) -> str:
     """The Docker socket's path of a ``unix://`` host, else the empty string."""
-    return docker_host[len("unix://"):] if docker_host.startswith("unix://") else ""
+    return docker_host[len("unix://") :] if docker_host.startswith("unix://") else ""
 
 
 def agent_mode_problems(
@@ -699,13 +702,24 @@ def agent_mode_problems(
     """Why the requested agent mode is refused (empty: allowed); issue 8 item 2."""
     where = "--agent-on-host"
     if options.unconfined_agent and not options.agent_on_host:
-        return [Problem("--unconfined-agent", "only applies to --agent-on-host",
-                        "drop --unconfined-agent (the agent container is confined)")]
+        return [
+            Problem(
+                "--unconfined-agent",
+                "only applies to --agent-on-host",
+                "drop --unconfined-agent (the agent container is confined)",
+            )
+        ]
     if not options.agent_on_host:
         socket = docker_socket_path(docker_host)
         if socket and overlaps(options.workspace, Path(socket)):
-            return [Problem("--workspace", f"contains the Docker socket {socket}, which the"
-                            " agent container would then reach", "pick another workspace")]
+            return [
+                Problem(
+                    "--workspace",
+                    f"contains the Docker socket {socket}, which the"
+                    " agent container would then reach",
+                    "pick another workspace",
+                )
+            ]
         return []
     if user is None and not options.unconfined_agent:
         return [
@@ -720,8 +734,13 @@ def agent_mode_problems(
             )
         ]
     if user is not None and harness_uid != 0 and user.uid != harness_uid:
-        return [Problem("--agent-user", f"switching to uid {user.uid} needs a root harness",
-                        "run the harness as root, or run the agent in its container")]
+        return [
+            Problem(
+                "--agent-user",
+                f"switching to uid {user.uid} needs a root harness",
+                "run the harness as root, or run the agent in its container",
+            )
+        ]
     return []
 
 
@@ -732,17 +751,32 @@ def agent_image_problems(docker_host: str, image: str) -> list[Problem]:
     try:
         client = docker.DockerClient(base_url=docker_host, timeout=30)
     except Exception as exc:
-        return [Problem("--agent-image", f"no Docker engine ({exc.__class__.__name__})",
-                        "start the engine (.ci/provision-engine)")]
+        return [
+            Problem(
+                "--agent-image",
+                f"no Docker engine ({exc.__class__.__name__})",
+                "start the engine (.ci/provision-engine)",
+            )
+        ]
     try:
         client.images.get(image)
     except docker.errors.ImageNotFound:
-        return [Problem("--agent-image", f"image {image} is not on the engine",
-                        "build it with `bounded-query-harness images` (or .ci/build-images),"
-                        " or pass --agent-image")]
+        return [
+            Problem(
+                "--agent-image",
+                f"image {image} is not on the engine",
+                "build it with `bounded-query-harness images` (or .ci/build-images),"
+                " or pass --agent-image",
+            )
+        ]
     except Exception as exc:
-        return [Problem("--agent-image", f"cannot inspect {image}: {exc.__class__.__name__}",
-                        "check the Docker engine")]
+        return [
+            Problem(
+                "--agent-image",
+                f"cannot inspect {image}: {exc.__class__.__name__}",
+                "check the Docker engine",
+            )
+        ]
     finally:
         client.close()
     return []
@@ -775,10 +809,14 @@ async def _run_confined_agent(
     agent_env = agent_environment(env, state.paths, state.config, container=container)
     if container:
         assert user is not None
-        sink.emit("agent_mode", mode="container", user=str(user), image=options.agent_image,
-                  network=options.agent_network)
-        return await _start_agent(_container_launcher(options, agent_env, state, user),
-                                  state, sink)
+        sink.emit(
+            "agent_mode",
+            mode="container",
+            user=str(user),
+            image=options.agent_image,
+            network=options.agent_network,
+        )
+        return await _start_agent(_container_launcher(options, agent_env, state, user), state, sink)
     if user is not None:
         broker_pid = getattr(state.broker, "pid", None)
         problems = await trio.to_thread.run_sync(
@@ -863,9 +901,7 @@ async def run(
                     starter = start_broker or start_child_broker
                     state.broker = await starter(options, state.paths, env)
                     sink.emit("broker_started")
-                    if await _wait_ready(
-                        state.paths, state.broker, options.ready_timeout, sink
-                    ):
+                    if await _wait_ready(state.paths, state.broker, options.ready_timeout, sink):
                         phase = "agent"
                         progress = options.progress
                         if progress is None:

@@ -298,16 +298,14 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         '| boolean | `{"type":"boolean"}` | `true` or `false` | 2 |',
         '| enum | `{"type":"enum","values":[L,...]}` (distinct, one JSON type)'
         " | one of the values | number of values |",
-        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M'
-        " | M - N + 1 |",
+        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M | M - N + 1 |',
         '| object | `{"type":"object","fields":{"k":S,...}}` (at least one field)'
         " | an object with every field | product |",
         '| tuple | `{"type":"tuple","items":[S,...]}` (at least one item)'
         " | a list, one value per item | product |",
         '| array | `{"type":"array","items":S,"length":N}` | a list of exactly N values'
         " | card(S)^N |",
-        '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}`'
-        " | sum |",
+        '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}` | sum |',
         "",
         "`S` is any schema (nesting is allowed). An empty object, tuple, enum or union is",
         "an invalid schema (a fixed answer is a `const`). A value that does not match the",

@@ -257,16 +257,24 @@ def _git(seed: Path, home: Path, *args: str) -> str:
 
 
 def _clone(
-    spec: SeedSpec, dest: Path, staging: Path, env: Mapping[str, str], token: str | None,
-    progress: bool, allow_insecure: bool = False,
+    spec: SeedSpec,
+    dest: Path,
+    staging: Path,
+    env: Mapping[str, str],
+    token: str | None,
+    progress: bool,
+    allow_insecure: bool = False,
 ) -> None:
     home = staging / "home"
     home.mkdir(mode=0o700, exist_ok=True)
     base = [
         "git",
-        "-c", "credential.helper=",
-        "-c", "core.hooksPath=/dev/null",
-        "-c", "protocol.version=2",
+        "-c",
+        "credential.helper=",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "protocol.version=2",
         "clone",
         "--progress" if progress else "--quiet",
         "--no-recurse-submodules",
@@ -406,9 +414,32 @@ def make_read_only(seed: Path) -> None:
 #: ``find`` expression matching what the query uid could not read or could write.
 _FIND_PROBLEMS = (
     "(",
-    "(", "-type", "d", "(", "!", "-readable", "-o", "!", "-executable", ")", ")",
-    "-o", "(", "!", "-type", "l", "!", "-readable", ")",
-    "-o", "(", "!", "-type", "l", "-writable", ")",
+    "(",
+    "-type",
+    "d",
+    "(",
+    "!",
+    "-readable",
+    "-o",
+    "!",
+    "-executable",
+    ")",
+    ")",
+    "-o",
+    "(",
+    "!",
+    "-type",
+    "l",
+    "!",
+    "-readable",
+    ")",
+    "-o",
+    "(",
+    "!",
+    "-type",
+    "l",
+    "-writable",
+    ")",
     ")",
 )
 
@@ -467,7 +498,11 @@ def verify_seed(seed: Path, private_root: Path) -> None:
 
 
 def _stage_one(
-    spec: SeedSpec, paths: RunPaths, env: Mapping[str, str], token: str | None, progress: bool,
+    spec: SeedSpec,
+    paths: RunPaths,
+    env: Mapping[str, str],
+    token: str | None,
+    progress: bool,
     allow_insecure: bool = False,
 ) -> StagedSeed:
     started = time.monotonic()

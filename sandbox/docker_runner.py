@@ -1,6 +1,6 @@
 """Query runner on the Docker Engine API: runc ("docker") and runsc ("gvisor").
 
-Theory of operation (spec 14.7; DESIGN.md decisions 3 and 4): one invocation
+Theory of operation (spec 14.7; docs/architecture.md decisions 3 and 4): one invocation
 is one fresh container, created from the fixed body of :mod:`.spec`, started,
 waited for with the configured wall-clock timeout, and force-removed
 (``force=True, v=True``) whatever happened. The workspace is prepared on the

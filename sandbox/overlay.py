@@ -1,6 +1,6 @@
 """Copy-on-write repository views for query containers, as plain values.
 
-Theory of operation (DESIGN.md decision 3, measured in the benchmark): writing
+Theory of operation (docs/architecture.md decision 3, measured in the benchmark): writing
 20,000 files into a tmpfs costs about 2 s under runc and 10 s under runsc per
 invocation. Instead, each query gets ``/query/repo`` as an overlayfs whose
 lower layers are the seed (never modified) and whose upper layer is the

@@ -15,7 +15,7 @@ creates the same few entries in the same order every time, so the inode
 numbers, free-block and free-inode figures a query starts with are the same
 for every invocation.
 
-Size (DESIGN.md decision 3): half the query memory limit, at least
+Size (docs/architecture.md decision 3): half the query memory limit, at least
 :data:`MIN_BYTES`. Tmpfs pages a query writes are charged to its memory
 cgroup and cannot be reclaimed (no swap), so a quota at or above the memory
 limit is never reached -- the query would be OOM-killed instead of seeing

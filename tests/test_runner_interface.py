@@ -35,8 +35,18 @@ def test_memory_limit_accepts_docker_forms(text: str, expected: int) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "", " 512m", "512m ", "512mb", "-1m", "1.5g", "5m", "65g", "m", "\u0661\u0662m",
-        "1e3m", "0x10m",
+        "",
+        " 512m",
+        "512m ",
+        "512mb",
+        "-1m",
+        "1.5g",
+        "5m",
+        "65g",
+        "m",
+        "\u0661\u0662m",
+        "1e3m",
+        "0x10m",
     ],
 )
 def test_memory_limit_rejects_everything_else(text: str) -> None:

@@ -213,7 +213,7 @@ def encode_schema(schema: bytes) -> bytes:
 
 
 def build_request(repo: str, schema: bytes, script: bytes) -> bytes:
-    """Frame the v2 request (DESIGN.md "Fixed interfaces") as exact bytes."""
+    """Frame the v2 request (docs/architecture.md "Fixed interfaces") as exact bytes."""
     head = (
         b"POST /query HTTP/1.1\r\n"
         b"Host: localhost\r\n"

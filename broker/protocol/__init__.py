@@ -3,7 +3,7 @@
 Pure logic, standard library only, relative imports only: the harness copies
 this directory verbatim next to the agent's wrapper (``bounded-query-cost``),
 so it must not import anything else from ``bounded_query`` (spec 14.3-14.5;
-DESIGN.md "Fixed interfaces").
+docs/architecture.md "Fixed interfaces").
 
 Module map:
 

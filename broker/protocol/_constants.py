@@ -1,4 +1,4 @@
-"""Protocol v2 constants (spec 14.3, 14.3.1, 14.5; DESIGN.md decisions 5 and 6).
+"""Protocol v2 constants (spec 14.3, 14.3.1, 14.5; docs/architecture.md decisions 5 and 6).
 
 Every limit the protocol enforces is named here with the reason it exists.
 The names of the 14.3 table are the spec's own, so SKILL.md, tests and the
@@ -73,7 +73,7 @@ TIMING_BUCKETS_MS: tuple[int, ...] = (10, 100, 1_000, 10_000, 60_000, 600_000)
 #: ceil(log2(len(TIMING_BUCKETS_MS))) = ceil(log2(6)) = 3, computed exactly.
 TIMING_BUCKET_BITS = (len(TIMING_BUCKETS_MS) - 1).bit_length()
 
-# --- Decisions that go beyond the reference (DESIGN.md 5, 6) ----------------
+# --- Decisions that go beyond the reference (docs/architecture.md 5, 6) ----------------
 
 #: Largest integer a JavaScript number represents exactly (2**53 - 1); schema
 #: bounds, literals and result integers are limited to +-this value.

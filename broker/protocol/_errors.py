@@ -18,7 +18,7 @@ class SchemaError(ValueError):
 
 
 class RequestError(ValueError):
-    """The request (object or HTTP frame) violates spec 14.3 / DESIGN.md framing."""
+    """The request (object or HTTP frame) violates spec 14.3 / docs/architecture.md framing."""
 
 
 class JSONError(ValueError):

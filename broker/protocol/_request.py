@@ -1,4 +1,6 @@
-"""Request rules and HTTP framing of protocol v2 (spec 14.2, 14.3; DESIGN.md "Fixed interfaces").
+"""Request rules and HTTP framing of protocol v2 (spec 14.2, 14.3).
+
+See docs/architecture.md "Fixed interfaces".
 
 Theory of operation: two entry points build the same immutable
 :class:`Request`. :func:`parse_request` takes the JSON-object form
@@ -12,7 +14,7 @@ Framing rules: header names match case-insensitively; exactly one
 ``X-AWF-Query-Version: 2``, one ``X-AWF-Repo`` and one ``X-AWF-Schema-B64``;
 any other ``X-AWF-*`` header or a duplicate is refused; all other headers are
 ignored here (the HTTP layer enforces sizes). The schema header is canonical
-unpadded base64url (DESIGN.md decision 6) of at most MAX_SCHEMA_BYTES raw
+unpadded base64url (docs/architecture.md decision 6) of at most MAX_SCHEMA_BYTES raw
 bytes of UTF-8 JSON, parsed by the strict parser, then by
 :func:`parse_schema`. The body is the script: non-empty UTF-8 of at most
 MAX_SCRIPT_BYTES bytes.
@@ -84,7 +86,7 @@ def is_valid_slug(s: object) -> bool:
 
 
 def check_request_line(method: bytes, target: bytes) -> None:
-    """Accept exactly ``POST /query`` (DESIGN.md "Fixed interfaces").
+    """Accept exactly ``POST /query`` (docs/architecture.md "Fixed interfaces").
 
     Raises:
         RequestError: any other method or target (no query string, no
@@ -100,7 +102,7 @@ def encode_schema_header(schema_json_bytes: bytes) -> bytes:
 
 
 def decode_schema_header(value: bytes) -> bytes:
-    """Decode a canonical unpadded base64url header value (DESIGN.md decision 6).
+    """Decode a canonical unpadded base64url header value (docs/architecture.md decision 6).
 
     Raises:
         RequestError: a character outside ``A-Z a-z 0-9 - _`` (padding and
@@ -174,7 +176,7 @@ def parse_request(obj: object) -> Request:
 
 
 def parse_frame(headers: list[tuple[bytes, bytes]], body: bytes) -> Request:
-    """Validate the wire form of a request (DESIGN.md "Fixed interfaces").
+    """Validate the wire form of a request (docs/architecture.md "Fixed interfaces").
 
     ``headers`` are the ``(name, value)`` byte pairs as received (any case);
     ``body`` is the raw script. The request line is checked separately by

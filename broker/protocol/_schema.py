@@ -14,7 +14,7 @@ saturating at :data:`SATURATED` (2**1024 + 1) as soon as a product, power or
 sum would exceed 2**1024; a power is tested with bit-length arithmetic before
 it is computed, so nested maximum-length arrays never build a huge number.
 
-Rules where the reference implementation is the arbiter (DESIGN.md decision 6,
+Rules where the reference implementation is the arbiter (docs/architecture.md decision 6,
 "Everywhere else, match the reference exactly"; issue 10):
 
 * the root node is at depth 0 and a node deeper than MAX_SCHEMA_DEPTH (6) is

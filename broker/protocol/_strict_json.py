@@ -20,7 +20,7 @@ makes it an integer) and becomes the int 0, as in the reference, so it
 canonicalizes to ``0``. Every other number token (a fraction or an exponent,
 ``-0.0`` and ``-0e0`` included, or more digits) becomes a :class:`NumberToken`
 carrying its text. It is well-formed JSON, but it is never an integer of the
-finite DSL (DESIGN.md decision 6), so validators reject it; ``int()`` is
+finite DSL (docs/architecture.md decision 6), so validators reject it; ``int()`` is
 never called on more than 16 digits and no float is ever built.
 """
 

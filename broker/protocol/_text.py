@@ -1,4 +1,4 @@
-"""Canonical JSON string escaping (spec 14.5; DESIGN.md decision 6).
+"""Canonical JSON string escaping (spec 14.5; docs/architecture.md decision 6).
 
 One escaping, compatible with ECMAScript ``JSON.stringify`` for well-formed
 strings: ``"`` and ``\\`` are escaped, ``\\b \\f \\n \\r \\t`` use their short

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the query image (DESIGN.md decision 2; spec 14.7) without any
+# Builds the query image (docs/architecture.md decision 2; spec 14.7) without any
 # registry: Debian packages via mmdebstrap, then `docker import`.
 #
 #   sandbox/image/build.sh [IMAGE]        default: bounded-query-python:latest

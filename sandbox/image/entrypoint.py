@@ -1,4 +1,4 @@
-"""Fixed entrypoint of the query image (spec 14.7; DESIGN.md decisions 2 and 3).
+"""Fixed entrypoint of the query image (spec 14.7; docs/architecture.md decisions 2 and 3).
 
 Theory of operation: the container starts as uid/gid 65534 with a read-only
 root, the trusted seed bound read-only at ``/awf/seed``, the query script bound

@@ -28,8 +28,9 @@ ARGV = ("python3", "-c", "pass")
 
 async def host(user: AgentUser | None) -> float:
     started = time.perf_counter()
-    agent = await start_host_agent(("/usr/bin/python3", "-c", "pass"), {"PATH": "/usr/bin"},
-                                   "/", user)
+    agent = await start_host_agent(
+        ("/usr/bin/python3", "-c", "pass"), {"PATH": "/usr/bin"}, "/", user
+    )
     await agent.wait()
     return time.perf_counter() - started
 
@@ -38,9 +39,16 @@ async def container(directory: Path, network: str) -> float:
     for name in ("ws", "run", "skill"):
         (directory / name).mkdir(exist_ok=True)
     spec = AgentContainer(
-        image="bounded-query-agent:latest", argv=ARGV, workspace=str(directory / "ws"),
-        socket_dir=str(directory / "run"), skill_dir=str(directory / "skill"), env={},
-        user=AgentUser(20000, 20000), run_id="bench" + "0" * 27, owner="{}", network=network,
+        image="bounded-query-agent:latest",
+        argv=ARGV,
+        workspace=str(directory / "ws"),
+        socket_dir=str(directory / "run"),
+        skill_dir=str(directory / "skill"),
+        env={},
+        user=AgentUser(20000, 20000),
+        run_id="bench" + "0" * 27,
+        owner="{}",
+        network=network,
     )
     started = time.perf_counter()
     agent = await start_container_agent(HOST, spec)

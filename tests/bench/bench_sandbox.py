@@ -207,18 +207,24 @@ def main(argv: list[str]) -> int:
         cli = None if args.no_cli else cli_vs_sdk(seeds[sizes[0]], work, 10)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{args.queries} trivial boolean queries per cell; processing = workspace + "
-          "run + result check + workspace removal (seconds)\n")
-    print("| runtime | repo view | size | min | median | max | in 1 s bucket | buckets "
-          "| first query | failed |")
+    print(
+        f"\n{args.queries} trivial boolean queries per cell; processing = workspace + "
+        "run + result check + workspace removal (seconds)\n"
+    )
+    print(
+        "| runtime | repo view | size | min | median | max | in 1 s bucket | buckets "
+        "| first query | failed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for runtime, mode, size, cell in results:
         times = cell["times"]
         assert isinstance(times, list)
         share = sum(1 for t in times if t <= 1.0) / len(times)
-        print(f"| {runtime} | {mode} | {size} | {min(times):.3f} | {statistics.median(times):.3f} "
-              f"| {max(times):.3f} | {share:.0%} | {fmt_hist(times)} | {cell['first']:.2f} "
-              f"| {cell['failed']} |")
+        print(
+            f"| {runtime} | {mode} | {size} | {min(times):.3f} | {statistics.median(times):.3f} "
+            f"| {max(times):.3f} | {share:.0%} | {fmt_hist(times)} | {cell['first']:.2f} "
+            f"| {cell['failed']} |"
+        )
     print("\nPhase medians (seconds; materialize/run from the entrypoint, 3 extra queries)\n")
     keys = ["view", "prepare", "volume", "create", "start", "wait", "materialize", "run",
             "remove", "host-cleanup"]  # fmt: skip
@@ -226,12 +232,17 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|" + "---|" * len(keys))
     for runtime, mode, size, cell in results:
         merged = {**cell["phases"], **cell["inner"]}  # type: ignore[dict-item]
-        print(f"| {runtime} | {mode} | {size} | "
-              + " | ".join(f"{merged.get(k, 0.0):.3f}" for k in keys) + " |")
+        print(
+            f"| {runtime} | {mode} | {size} | "
+            + " | ".join(f"{merged.get(k, 0.0):.3f}" for k in keys)
+            + " |"
+        )
     if cli is not None:
-        print(f"\nSDK vs CLI ({sizes[0]}, runc, tmpfs copy, median of 10): "
-              f"docker run {cli[0]:.3f} s, SDK runner {cli[1]:.3f} s "
-              f"(CLI/SDK = {cli[0] / cli[1]:.2f})")
+        print(
+            f"\nSDK vs CLI ({sizes[0]}, runc, tmpfs copy, median of 10): "
+            f"docker run {cli[0]:.3f} s, SDK runner {cli[1]:.3f} s "
+            f"(CLI/SDK = {cli[0] / cli[1]:.2f})"
+        )
     print(json.dumps({"generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
     return 0
 

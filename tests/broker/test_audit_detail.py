@@ -1,4 +1,4 @@
-"""The audit ``detail`` of invalid requests (broker/audit.py; issue 2, DESIGN.md decision 7)."""
+"""The audit ``detail`` of invalid requests (broker/audit.py; docs/architecture.md decision 7)."""
 
 from __future__ import annotations
 

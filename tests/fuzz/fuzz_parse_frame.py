@@ -1,4 +1,4 @@
-"""Fuzz target: check_request_line and parse_frame (DESIGN.md framing).
+"""Fuzz target: check_request_line and parse_frame (docs/architecture.md framing).
 
 Input layout (lines separated by LF): ``METHOD TARGET``, then header lines
 ``name:value`` up to an empty line, then the body. A header named ``S``

@@ -135,7 +135,9 @@ def main():
     )
     done = subprocess.run(
         ["bounded-query", "--repo", "octo/alpha", "--schema", schema],
-        input=script, capture_output=True, check=False,
+        input=script,
+        capture_output=True,
+        check=False,
     )
     report = {
         "uid": os.getuid(),

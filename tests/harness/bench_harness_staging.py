@@ -61,7 +61,10 @@ def timed_phases(source: Path, base: Path) -> dict[str, float]:
         create_private_root(paths)
         started = time.perf_counter()
         staging.stage_seeds(
-            [SeedSpec(PrivateRepo("bench/repo", "internal"), source)], paths, {}, None,
+            [SeedSpec(PrivateRepo("bench/repo", "internal"), source)],
+            paths,
+            {},
+            None,
             progress=False,
         )
         phases["total"] = time.perf_counter() - started

@@ -257,9 +257,10 @@ def killable_harness(
     (work / "driver.py").write_text(KILLABLE_HARNESS)
     env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
     harness = subprocess.Popen(
-        [sys.executable, str(work / "driver.py"), str(config), str(source), str(base),
-         str(work)],
-        stdout=subprocess.PIPE, env=env, cwd=HARNESS_TESTS_ROOT,
+        [sys.executable, str(work / "driver.py"), str(config), str(source), str(base), str(work)],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=HARNESS_TESTS_ROOT,
     )
     agent_pid = None
     try:

@@ -76,12 +76,25 @@ def setup(tmp_path, engine):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"boundedQueries": {"enabled": True, "privateRepos": [
-        {"repo": "octo/alpha", "sensitivity": "internal"}]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "boundedQueries": {
+                    "enabled": True,
+                    "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+                }
+            }
+        )
+    )
     with var_tmp_base() as base, workspace() as ws:
-        yield {"base": base, "ws": ws, "config": config, "source": source,
-               "env": {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)},
-               "client": engine}
+        yield {
+            "base": base,
+            "ws": ws,
+            "config": config,
+            "source": source,
+            "env": {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)},
+            "client": engine,
+        }
 
 
 def options(setup: dict, agent: tuple[str, ...], **extra: object) -> RunOptions:
@@ -122,8 +135,11 @@ async def test_exit_status_and_both_streams_reach_the_harness(setup, capfd):
 
 async def test_a_missing_image_is_a_harness_failure(setup):
     stream = io.StringIO()
-    status = await run(options(setup, ("true",), agent_image="bq-no-such-image:latest"),
-                       EventSink(stream), setup["env"])
+    status = await run(
+        options(setup, ("true",), agent_image="bq-no-such-image:latest"),
+        EventSink(stream),
+        setup["env"],
+    )
     assert status == 2
     assert "agent_failed_to_start" in stream.getvalue()
     assert list(setup["base"].iterdir()) == []
@@ -131,8 +147,9 @@ async def test_a_missing_image_is_a_harness_failure(setup):
 
 async def test_a_missing_image_fails_preflight_before_staging(setup):
     stream = io.StringIO()
-    opts = dataclasses.replace(options(setup, ("true",), agent_image="bq-no-such-image:latest"),
-                               probe_runtime=True)
+    opts = dataclasses.replace(
+        options(setup, ("true",), agent_image="bq-no-such-image:latest"), probe_runtime=True
+    )
     status = await run(opts, EventSink(stream), setup["env"])
     assert status == 2
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
@@ -151,8 +168,9 @@ async def test_the_agent_sees_only_its_three_mounts_and_the_image(setup):
         "           if l.startswith(('CapEff', 'CapPrm', 'NoNewPrivs', 'Cpus_allowed_list'))]},\n"
         f"          open({str(setup['ws'] / 'm.json')!r}, 'w'))\n"
     )
-    status = await run(options(setup, ("python3", "-c", code)), EventSink(io.StringIO()),
-                       setup["env"])
+    status = await run(
+        options(setup, ("python3", "-c", code)), EventSink(io.StringIO()), setup["env"]
+    )
     assert status == 0
     seen = json.loads((setup["ws"] / "m.json").read_text())
     binds = [m for m in seen["mounts"] if m.startswith(("/var", "/work", "/root", "/run/d"))]
@@ -180,8 +198,10 @@ async def test_a_signal_is_forwarded_into_the_container(setup):
         "time.sleep(60)\n"
     )
     status, _text = await run_and_signal(
-        options(setup, ("python3", "-c", code)), setup["env"],
-        lambda _events: marker.exists(), signal.SIGTERM,
+        options(setup, ("python3", "-c", code)),
+        setup["env"],
+        lambda _events: marker.exists(),
+        signal.SIGTERM,
     )
     assert got.exists()
     assert status == 3
@@ -199,8 +219,10 @@ async def test_an_agent_ignoring_the_signal_is_killed_after_the_grace(setup):
     )
     started = time.monotonic()
     status, text = await run_and_signal(
-        options(setup, ("python3", "-c", code), stop_grace=1.0), setup["env"],
-        lambda _events: marker.exists(), signal.SIGTERM,
+        options(setup, ("python3", "-c", code), stop_grace=1.0),
+        setup["env"],
+        lambda _events: marker.exists(),
+        signal.SIGTERM,
     )
     assert status == 128 + signal.SIGTERM
     assert time.monotonic() - started < 60
@@ -215,11 +237,27 @@ def test_a_terminal_on_stdin_is_passed_through(setup):
     master, slave = pty.openpty()
     try:
         harness = subprocess.Popen(
-            [sys.executable, "-m", "bounded_query.harness", "run", "--config",
-             str(setup["config"]), "--seed-source", f"octo/alpha={setup['source']}",
-             "--state-base", str(setup["base"]), "--workspace", str(setup["ws"]),
-             "--", "python3", "-c", code],
-            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                sys.executable,
+                "-m",
+                "bounded_query.harness",
+                "run",
+                "--config",
+                str(setup["config"]),
+                "--seed-source",
+                f"octo/alpha={setup['source']}",
+                "--state-base",
+                str(setup["base"]),
+                "--workspace",
+                str(setup["ws"]),
+                "--",
+                "python3",
+                "-c",
+                code,
+            ],
+            stdin=slave,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT)},
         )
         os.write(master, b"hello\n")  # typed ahead, before the container exists
@@ -248,18 +286,25 @@ def test_the_sweep_removes_agents_of_a_dead_harness_only(engine):
     dead = OwnerRecord(MODE_RUN, child.pid, me.start_time + 1, me.boot_id, me.pid_namespace)
     made = []
     try:
-        for name, label in (("dead", owner_label(dead)), ("alive", owner_label(me)),
-                            ("garbage", "{not json")):
+        for name, label in (
+            ("dead", owner_label(dead)),
+            ("alive", owner_label(me)),
+            ("garbage", "{not json"),
+        ):
             container = engine.containers.create(
-                AGENT_IMAGE, ["sleep", "30"], name=f"bq-sweep-test-{name}-{os.getpid()}",
+                AGENT_IMAGE,
+                ["sleep", "30"],
+                name=f"bq-sweep-test-{name}-{os.getpid()}",
                 labels={LABEL_ROLE: ROLE_AGENT, LABEL_OWNER: label, LABEL_RUN: "sweep-test"},
             )
             made.append(container)
         stream = io.StringIO()
         removed = sweep_agent_containers("unix:///var/run/docker.sock", EventSink(stream))
         assert removed == 1
-        left = {c.name for c in engine.containers.list(
-            all=True, filters={"label": f"{LABEL_RUN}=sweep-test"})}
+        left = {
+            c.name
+            for c in engine.containers.list(all=True, filters={"label": f"{LABEL_RUN}=sweep-test"})
+        }
         pid = os.getpid()
         assert left == {f"bq-sweep-test-alive-{pid}", f"bq-sweep-test-garbage-{pid}"}
         assert "stale_agent_removed" in stream.getvalue()

@@ -141,8 +141,10 @@ def test_parse_agent_user(text, user):
     assert str(parsed) == f"{user[0]}:{user[1]}"
 
 
-@pytest.mark.parametrize("text", ["0", "0:0", "1000:0", "root", "-1", "1:", ":1", "1:2:3", "",
-                                  "4294967295", " 1", "1" * 30])
+@pytest.mark.parametrize(
+    "text",
+    ["0", "0:0", "1000:0", "root", "-1", "1:", ":1", "1:2:3", "", "4294967295", " 1", "1" * 30],
+)
 def test_bad_agent_users_are_refused(text):
     with pytest.raises(ValueError, match=r"."):
         parse_agent_user(text)
@@ -173,8 +175,12 @@ CALLER = {
 
 def env_for(container: bool) -> dict[str, str]:
     return agent_environment(
-        CALLER, socket_path=f"{SOCK}/broker.sock", skill_file=f"{SKILL}/SKILL.md",
-        slugs=("o/a", "o/b"), wrapper_dir=f"{SKILL}/bin", private_root=PRIVATE,
+        CALLER,
+        socket_path=f"{SOCK}/broker.sock",
+        skill_file=f"{SKILL}/SKILL.md",
+        slugs=("o/a", "o/b"),
+        wrapper_dir=f"{SKILL}/bin",
+        private_root=PRIVATE,
         container=container,
     )
 
@@ -239,13 +245,25 @@ def test_cli_refuses_root_as_agent_user(capsys):
     assert "usage_error" in capsys.readouterr().err
 
 
-CHECK = HostCheck(user=AgentUser(20002, 20002), private_root=Path(PRIVATE),
-                  journal=Path(PRIVATE, "state/journal"), socket_path=Path(SOCK, "broker.sock"),
-                  pids=(10, 11), docker_host="unix:///var/run/docker.sock")
+CHECK = HostCheck(
+    user=AgentUser(20002, 20002),
+    private_root=Path(PRIVATE),
+    journal=Path(PRIVATE, "state/journal"),
+    socket_path=Path(SOCK, "broker.sock"),
+    pids=(10, 11),
+    docker_host="unix:///var/run/docker.sock",
+)
 GOOD = {
-    "private_root_traverse": "denied", "private_root_list": "denied", "journal_write": "denied",
-    "docker_socket_connect": "denied", "docker_socket_open": "denied", "environ:10": "denied",
-    "environ:11": "denied", "broker_socket": "connected", "groups": [20002], "uid": 20002,
+    "private_root_traverse": "denied",
+    "private_root_list": "denied",
+    "journal_write": "denied",
+    "docker_socket_connect": "denied",
+    "docker_socket_open": "denied",
+    "environ:10": "denied",
+    "environ:11": "denied",
+    "broker_socket": "connected",
+    "groups": [20002],
+    "uid": 20002,
 }
 
 
@@ -297,8 +315,10 @@ def test_scrub_wipes_the_token_from_the_start_up_environment_block():
         "      os.environ.get('KEEP'))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, secret[::-1]], capture_output=True, text=True, check=True,
-        env={"PATH": os.environ["PATH"], "GH_TOKEN": secret, "GITHUB_TOKEN": secret,
-             "KEEP": "yes"},
+        [sys.executable, "-c", code, secret[::-1]],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "GH_TOKEN": secret, "GITHUB_TOKEN": secret, "KEEP": "yes"},
     )
     assert done.stdout.split() == ["2", "True", "False", "False", "yes"]

@@ -115,8 +115,11 @@ class TokenWatch(threading.Thread):
                 before = (entry / "cmdline").read_bytes()
                 environ = (entry / "environ").read_bytes()
                 after = (entry / "cmdline").read_bytes()
-                parts = [name for name, data in (("environ", environ), ("cmdline", before + after))
-                         if self.needle in data]
+                parts = [
+                    name
+                    for name, data in (("environ", environ), ("cmdline", before + after))
+                    if self.needle in data
+                ]
                 programs = [os.path.basename(c.split(b"\0")[0]) for c in (before, after)]
                 staging = [p for p in programs if p in STAGING_PROGRAMS]
                 program = staging[0] if staging else programs[-1]
@@ -157,10 +160,20 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
     publish(source, served, "octo/alpha")
     publish(source, served, "octo/vault")
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"boundedQueries": {
-        "enabled": True, "runtime": runtime,
-        "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"},
-                         {"repo": "octo/vault", "sensitivity": "sealed"}]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "boundedQueries": {
+                    "enabled": True,
+                    "runtime": runtime,
+                    "privateRepos": [
+                        {"repo": "octo/alpha", "sensitivity": "internal"},
+                        {"repo": "octo/vault", "sensitivity": "sealed"},
+                    ],
+                }
+            }
+        )
+    )
     summary = tmp_path / "summary.md"
     stderr_path = tmp_path / "harness.err"
     with var_tmp_base() as base, workspace_for(uid) as ws, GitHttpServer(served, token) as server:
@@ -170,15 +183,35 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
             "GITHUB_SERVER_URL": server.url,
             "GITHUB_STEP_SUMMARY": str(summary),
         }
-        argv = [sys.executable, "-m", "bounded_query.harness", "run", "--config", str(config),
-                "--allow-insecure-server-url", "--state-base", str(base),
-                "--workspace", str(ws), *mode, "--",
-                "python3", str(ws / "agent_probe.py"), str(ws)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bounded_query.harness",
+            "run",
+            "--config",
+            str(config),
+            "--allow-insecure-server-url",
+            "--state-base",
+            str(base),
+            "--workspace",
+            str(ws),
+            *mode,
+            "--",
+            "python3",
+            str(ws / "agent_probe.py"),
+            str(ws),
+        ]
         watch = TokenWatch(token.encode(), {os.getpid()})
         watch.start()
         with stderr_path.open("wb") as err:
-            harness = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                       stdin=subprocess.DEVNULL, cwd="/")
+            harness = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+            )
             try:
                 wait_for(ws / "started", harness)
                 agent_started = time.monotonic()
@@ -219,17 +252,23 @@ def run_probe(tmp_path: Path, runtime: str, mode: list[str], uid: int) -> dict:
     others = [h for h in watch.hits if h[3] not in STAGING_PROGRAMS]
     # The harness itself holds it only in its start-up block, until it wipes
     # it -- before it clones anything.
-    early_harness = [h for h in others if h[1] == harness.pid
-                     and (not staging or h[0] < staging[0][0])]
+    early_harness = [
+        h for h in others if h[1] == harness.pid and (not staging or h[0] < staging[0][0])
+    ]
     return {
-        "status": status, "report": report, "holders": holders, "token": token,
+        "status": status,
+        "report": report,
+        "holders": holders,
+        "token": token,
         "watch": {
             "scans": watch.scans,
             "staging_children": sorted({h[3].decode() for h in staging}),
             "others": [(h[1], h[2], h[4][:200]) for h in others if h not in early_harness],
             "after_agent_started": [h[1] for h in watch.hits if h[0] >= agent_started],
         },
-        "events": events, "stderr": stderr, "left": left,
+        "events": events,
+        "stderr": stderr,
+        "left": left,
         "summary": summary.read_text() if summary.exists() else "",
     }
 
@@ -238,8 +277,9 @@ def token_in_report(report: dict, token: str) -> list[str]:
     found = []
     if token.encode() in base64.b64decode(report["environ"]):
         found.append("own environment")
-    found += [key for key, data in report["proc"].items()
-              if token.encode() in base64.b64decode(data)]
+    found += [
+        key for key, data in report["proc"].items() if token.encode() in base64.b64decode(data)
+    ]
     return found
 
 
@@ -265,12 +305,14 @@ def assert_confined(result: dict, uid: int) -> None:
     assert_token_only_in_staging_children(result)
     assert report["query"] == '{"status":"ok","result":true}\n'
     assert result["left"] == []
-    assert not any(e["event"] == "degraded" and e.get("subsystem") == "agent"
-                   for e in result["events"])
+    assert not any(
+        e["event"] == "degraded" and e.get("subsystem") == "agent" for e in result["events"]
+    )
 
 
 @pytest.mark.parametrize(
-    ("runtime", "broker"), [("docker", []), ("gvisor", []), ("docker", ["--compose"])],
+    ("runtime", "broker"),
+    [("docker", []), ("gvisor", []), ("docker", ["--compose"])],
     ids=["docker", "gvisor", "compose-broker"],
 )
 def test_agent_container_reaches_nothing_and_still_asks(engine, tmp_path, runtime, broker):
@@ -287,9 +329,7 @@ def test_agent_container_reaches_nothing_and_still_asks(engine, tmp_path, runtim
 
 
 @pytest.mark.parametrize("runtime", ["docker", "gvisor"])
-def test_host_agent_as_unprivileged_user_reaches_nothing_and_still_asks(
-    engine, tmp_path, runtime
-):
+def test_host_agent_as_unprivileged_user_reaches_nothing_and_still_asks(engine, tmp_path, runtime):
     mode = ["--agent-on-host", "--agent-user", f"{HOST_UID}:{HOST_UID}"]
     result = run_probe(tmp_path, runtime, mode, HOST_UID)
     assert_confined(result, HOST_UID)
@@ -306,8 +346,13 @@ def test_unconfined_host_agent_is_reported_degraded(engine, tmp_path):
     assert any(e["event"] == "degraded" and e["subsystem"] == "agent" for e in result["events"])
     assert "unconfined-agent" in result["summary"]
     # What the README's table says: unconfined, it reaches the private state...
-    for name in ("read seed_map", "read journal", "write journal", "connect docker socket",
-                 "read broker environ"):
+    for name in (
+        "read seed_map",
+        "read journal",
+        "write journal",
+        "connect docker socket",
+        "read broker environ",
+    ):
         assert report["attempts"][name] == "reached", name
     # ...but even then the token is in no process's environment any more.
     assert token_in_report(report, result["token"]) == []
@@ -318,14 +363,36 @@ def test_unconfined_host_agent_is_reported_degraded(engine, tmp_path):
 
 def test_host_agent_as_root_is_refused(engine, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"boundedQueries": {"enabled": True, "privateRepos": [
-        {"repo": "octo/alpha", "sensitivity": "internal"}]}}))
+    config.write_text(
+        json.dumps(
+            {
+                "boundedQueries": {
+                    "enabled": True,
+                    "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+                }
+            }
+        )
+    )
     with var_tmp_base() as base:
         done = subprocess.run(
-            [sys.executable, "-m", "bounded_query.harness", "run", "--config", str(config),
-             "--seed-source", f"octo/alpha={tmp_path}", "--state-base", str(base),
-             "--agent-on-host", "--", "true"],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "bounded_query.harness",
+                "run",
+                "--config",
+                str(config),
+                "--seed-source",
+                f"octo/alpha={tmp_path}",
+                "--state-base",
+                str(base),
+                "--agent-on-host",
+                "--",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert list(base.iterdir()) == []
     assert done.returncode == 2

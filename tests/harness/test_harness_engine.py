@@ -119,8 +119,11 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
         "    - {repo: octo/alpha, sensitivity: confidential}\n"
     )
     stream = io.StringIO()
-    with var_tmp_base() as base, GitHttpServer(served, token) as server, \
-            agent_workspace() as workspace:
+    with (
+        var_tmp_base() as base,
+        GitHttpServer(served, token) as server,
+        agent_workspace() as workspace,
+    ):
         env = {
             "PATH": os.environ["PATH"],
             "GH_TOKEN": token,
@@ -197,8 +200,12 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(
-            {"boundedQueries": {"enabled": True, "privateRepos": [
-                {"repo": "octo/alpha", "sensitivity": "internal"}]}}
+            {
+                "boundedQueries": {
+                    "enabled": True,
+                    "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+                }
+            }
         )
     )
     out = tmp_path / "compose"
@@ -206,25 +213,37 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
     with var_tmp_base() as base:
         status = main(
             [
-                "compose", "--config", str(config), "--seed-source", f"octo/alpha={source}",
-                "--out", str(out), "--state-base", str(base), "--up",
+                "compose",
+                "--config",
+                str(config),
+                "--seed-source",
+                f"octo/alpha={source}",
+                "--out",
+                str(out),
+                "--state-base",
+                str(base),
+                "--up",
             ]
         )
         printed, err = capsys.readouterr()
         assert status == 0, err
         state = json.loads(printed)
         try:
-            compose = ["docker-compose", "-p", state["project"], "-f",
-                       state["composeFile"]]
+            compose = ["docker-compose", "-p", state["project"], "-f", state["composeFile"]]
             document = json.loads(Path(state["composeFile"]).read_text())
             agent = document["services"]["agent"]
             assert agent["network_mode"] == "none"
             assert len(agent["volumes"]) == 3
             assert agent["volumes"][1].endswith(":ro")
             assert agent["volumes"][2] == f"{tmp_path}:{tmp_path}:rw"  # the workspace
-            [container] = engine.containers.list(filters={"label": [
-                f"com.docker.compose.project={state['project']}",
-                "com.docker.compose.service=agent"]})
+            [container] = engine.containers.list(
+                filters={
+                    "label": [
+                        f"com.docker.compose.project={state['project']}",
+                        "com.docker.compose.service=agent",
+                    ]
+                }
+            )
             host = container.attrs["HostConfig"]
             assert host["CapDrop"] == ["ALL"]
             assert host["SecurityOpt"] == ["no-new-privileges:true"]
@@ -233,12 +252,26 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
             assert host["ReadonlyRootfs"] is True
             assert container.attrs["Config"]["User"] == "65534:65534"
             sources = sorted(m["Source"] for m in container.attrs["Mounts"])
-            assert sources == sorted([str(tmp_path), state["ingressRoot"] + "/run",
-                                      state["ingressRoot"] + "/skill"])
+            assert sources == sorted(
+                [str(tmp_path), state["ingressRoot"] + "/run", state["ingressRoot"] + "/skill"]
+            )
             status_lines = subprocess.run(
-                ["docker-compose", "-p", state["project"], "-f", state["composeFile"], "exec",
-                 "-T", "agent", "cat", "/proc/self/status"],
-                capture_output=True, text=True, check=True, timeout=60,
+                [
+                    "docker-compose",
+                    "-p",
+                    state["project"],
+                    "-f",
+                    state["composeFile"],
+                    "exec",
+                    "-T",
+                    "agent",
+                    "cat",
+                    "/proc/self/status",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
             ).stdout
             assert "CapEff:\t0000000000000000" in status_lines
             assert "NoNewPrivs:\t1" in status_lines
@@ -247,16 +280,31 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
             assert broker["restart"] == "unless-stopped"
             assert any(v.endswith("/seeds:ro") for v in broker["volumes"])
             done = subprocess.run(
-                [*compose, "exec", "-T", "agent", "bounded-query", "--repo", "octo/alpha",
-                 "--schema", json.dumps(SCHEMA)],
-                input=SCRIPT.encode(), capture_output=True, check=False, timeout=120,
+                [
+                    *compose,
+                    "exec",
+                    "-T",
+                    "agent",
+                    "bounded-query",
+                    "--repo",
+                    "octo/alpha",
+                    "--schema",
+                    json.dumps(SCHEMA),
+                ],
+                input=SCRIPT.encode(),
+                capture_output=True,
+                check=False,
+                timeout=120,
             )
             assert done.stdout == b'{"status":"ok","result":{"readme":true,"commits":2}}\n', (
                 done.stderr
             )
             env = subprocess.run(
-                [*compose, "exec", "-T", "agent", "env"], capture_output=True, text=True,
-                check=True, timeout=60,
+                [*compose, "exec", "-T", "agent", "env"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=60,
             ).stdout
             assert "AWF_BOUNDED_QUERY_REPOS=octo/alpha" in env
             assert "TOKEN" not in env
@@ -287,7 +335,7 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
     assert out.count('{"status":"ok"') == 9
     assert '-> {"status":"ok","result":{"tag":"major","value":2}}' in out
     assert "<- refused: 14 bits > 5 left" in out
-    assert "a boolean question -> {\"status\":\"error\"}" in out
+    assert 'a boolean question -> {"status":"error"}' in out
     assert "| `example/widgets` | internal | 64 | 64 | 9 |" in out
     # The example agent ran confined, in its own container (issue 8).
     log = Path(tempfile.gettempdir()) / "bounded-query-demo-events.jsonl"

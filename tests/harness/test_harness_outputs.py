@@ -70,8 +70,19 @@ def test_seed_map_and_broker_config_are_accepted_by_the_broker(paths):
     assert broker.seeds_root == paths.seeds_dir
     assert broker.max_invocations == 17
     assert set(doc) == {
-        "version", "runId", "socketPath", "socketUid", "socketGid", "privateRoot", "seedMap",
-        "runtime", "timeout", "memoryLimit", "maxInvocations", "image", "dockerHost",
+        "version",
+        "runId",
+        "socketPath",
+        "socketUid",
+        "socketGid",
+        "privateRoot",
+        "seedMap",
+        "runtime",
+        "timeout",
+        "memoryLimit",
+        "maxInvocations",
+        "image",
+        "dockerHost",
         "hostPathMap",
     }
 
@@ -105,8 +116,11 @@ def test_worked_table_numbers_come_from_the_protocol():
         schema = protocol.parse_schema(example.schema)
         card, bits = int(protocol.cardinality(schema)), int(protocol.charge(schema))
         assert charge_of(example.schema) == (card, bits)
-        row = next(line for line in text.splitlines() if line.startswith(
-            f"| `{json.dumps(example.schema, separators=(',', ':'))}` |"))
+        row = next(
+            line
+            for line in text.splitlines()
+            if line.startswith(f"| `{json.dumps(example.schema, separators=(',', ':'))}` |")
+        )
         assert f"| {card} |" in row
         assert f"**{bits}**" in row
         assert row.endswith(f"| {64 // bits} | {8 // bits} |")
@@ -115,10 +129,14 @@ def test_worked_table_numbers_come_from_the_protocol():
 def test_skill_says_what_each_budget_buys_and_how_to_keep_a_ledger():
     text = render_skill(CONFIG)
     # boolean = 1 + 1 + 3 = 5 bits; the largest answer leaves room for status and timing.
-    assert "64 bits/run (`internal`): room for 12 yes/no questions, or a single answer" \
+    assert (
+        "64 bits/run (`internal`): room for 12 yes/no questions, or a single answer"
         " with up to 2^60 possible values" in text
-    assert "8 bits/run (`confidential`): room for 1 yes/no question, or a single answer" \
+    )
+    assert (
+        "8 bits/run (`confidential`): room for 1 yes/no question, or a single answer"
         " with up to 16 possible values" in text
+    )
     assert "0 bits/run (`sealed`): cannot fund any question" in text
     assert "unmetered (`public`): no bit budget" in text
     assert "keep your own ledger" in text
@@ -128,12 +146,19 @@ def test_skill_says_what_each_budget_buys_and_how_to_keep_a_ledger():
 def test_skill_shows_the_cost_tools_real_output(paths):
     write_agent_side(paths, CONFIG)
     done = subprocess.run(
-        [sys.executable, str(paths.wrapper_dir / "bounded-query-cost"), "--schema",
-         '{"type":"boolean"}'],
-        capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"},
+        [
+            sys.executable,
+            str(paths.wrapper_dir / "bounded-query-cost"),
+            "--schema",
+            '{"type":"boolean"}',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
     )
     text = paths.skill_file.read_text()
-    assert "$ bounded-query-cost --schema '{\"type\":\"boolean\"}'\n" + done.stdout in text
+    assert '$ bounded-query-cost --schema \'{"type":"boolean"}\'\n' + done.stdout in text
 
 
 def test_agent_side_is_read_only_and_verbatim(paths):
@@ -164,9 +189,18 @@ def test_cost_tool_in_wrapper_dir_runs_standalone_with_the_shipped_protocol(path
     write_agent_side(paths, CONFIG)
     schema = '{"type":"integer","minimum":0,"maximum":1000}'
     done = subprocess.run(
-        [sys.executable, "-I", str(paths.wrapper_dir / "bounded-query-cost"), "--json",
-         "--schema", schema],
-        capture_output=True, text=True, check=False, cwd="/",
+        [
+            sys.executable,
+            "-I",
+            str(paths.wrapper_dir / "bounded-query-cost"),
+            "--json",
+            "--schema",
+            schema,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd="/",
         env={"PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr

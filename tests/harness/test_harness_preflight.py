@@ -163,9 +163,12 @@ def test_private_root_overlapping_agent_visible_path_fails(tmp_path, docker_sock
         make_inputs(tmp_path, docker_sock, paths=paths, agent_visible=visible)
     )
     assert locations(problems) == ["private root"]
-    assert static_problems(
-        make_inputs(tmp_path, docker_sock, paths=paths, agent_visible=(tmp_path / "other",))
-    ) == []
+    assert (
+        static_problems(
+            make_inputs(tmp_path, docker_sock, paths=paths, agent_visible=(tmp_path / "other",))
+        )
+        == []
+    )
 
 
 async def test_sbx_is_always_blocked_with_a_report():

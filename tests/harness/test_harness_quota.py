@@ -56,15 +56,17 @@ from tests.harness.bq_harness_helpers import (
 MiB = 1024**2
 
 
-
-
 # -- pure -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("memory", "expected"),
-    [(6 * MiB, WORK_QUOTA_MIN_BYTES), (32 * MiB, WORK_QUOTA_MIN_BYTES), (512 * MiB, 256 * MiB),
-     (1024 * MiB, 512 * MiB)],
+    [
+        (6 * MiB, WORK_QUOTA_MIN_BYTES),
+        (32 * MiB, WORK_QUOTA_MIN_BYTES),
+        (512 * MiB, 256 * MiB),
+        (1024 * MiB, 512 * MiB),
+    ],
 )
 def test_quota_is_half_the_memory_limit_with_a_floor(memory, expected):
     assert work_quota_bytes(memory) == expected
@@ -93,7 +95,9 @@ async def test_a_failed_mount_is_reported_degraded_not_fatal(tmp_path):
     assert str(tmp_path) not in stream.getvalue()  # no private-root paths in events
     markdown = render_summary(
         usage_from_state([("octo/alpha", "internal")], b"", b""),
-        exit_code=0, runtime="docker", degraded=sink.degraded,
+        exit_code=0,
+        runtime="docker",
+        degraded=sink.degraded,
     )
     assert "**Degraded mode**" in markdown
     assert "> - workspace quota: no 64 MiB tmpfs for query workspaces" in markdown
@@ -181,8 +185,11 @@ async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
-    section = {"enabled": True, "memoryLimit": "64m",
-               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    section = {
+        "enabled": True,
+        "memoryLimit": "64m",
+        "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+    }
     config.write_text(json.dumps({"boundedQueries": section}))
     (tmp_path / "agent.py").write_text(QUOTA_PROBE_AGENT)
     report = tmp_path / "mounts.json"
@@ -209,6 +216,7 @@ async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
 
 # -- SIGKILL of the harness -------------------------------------------------
 
+
 def threads_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
@@ -226,8 +234,11 @@ def test_broker_child_dies_with_a_sigkilled_harness(tmp_path):
         try:
             with killable_harness(tmp_path, config, source, base) as (harness, _agent):
                 broker = live_pids_with(b"tests.fakes.broker_main")
-                broker = [p for p in broker if str(base).encode() in Path(f"/proc/{p}/cmdline")
-                          .read_bytes()]
+                broker = [
+                    p
+                    for p in broker
+                    if str(base).encode() in Path(f"/proc/{p}/cmdline").read_bytes()
+                ]
                 assert len(broker) == 1
                 # Wait until trio's worker threads (staging ran in one) have
                 # retired: the parent-death signal follows the forking *thread*,
@@ -269,16 +280,16 @@ FLOOD = (
 FLOOD_ERRNO = (
     "import glob, json, os\n"
     "code = 0\n"
-    "try:\n" + "".join(f"    {line}\n" for line in FLOOD.splitlines()[:-1]) +
-    "except OSError as exc:\n"
+    "try:\n"
+    + "".join(f"    {line}\n" for line in FLOOD.splitlines()[:-1])
+    + "except OSError as exc:\n"
     "    code = exc.errno\n"
     "for name in glob.glob('/query/repo/big*'):\n"
     "    os.remove(name)\n"
     "json.dump(code, open('/query/out', 'w'))\n"
 )
 README = (
-    "import json, os\n"
-    "json.dump(os.path.exists('/query/repo/README.md'), open('/query/out', 'w'))\n"
+    "import json, os\njson.dump(os.path.exists('/query/repo/README.md'), open('/query/out', 'w'))\n"
 )
 ENGINE_AGENT = r"""
 import json, subprocess, sys
@@ -312,8 +323,12 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
-    section = {"enabled": True, "runtime": runtime, "memoryLimit": ENGINE_MEMORY,
-               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    section = {
+        "enabled": True,
+        "runtime": runtime,
+        "memoryLimit": ENGINE_MEMORY,
+        "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+    }
     config.write_text(json.dumps({"boundedQueries": section}))
     scripts = {"flood": FLOOD, "flood_errno": FLOOD_ERRNO, "readme": README}
     for name, text in scripts.items():
@@ -324,8 +339,13 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
     with quota_base() as base:
         options = RunOptions(
             config_source=str(config),
-            agent=(sys.executable, str(tmp_path / "agent.py"), str(base), str(report),
-                   *(str(tmp_path / f"{name}.py") for name in scripts)),
+            agent=(
+                sys.executable,
+                str(tmp_path / "agent.py"),
+                str(base),
+                str(report),
+                *(str(tmp_path / f"{name}.py") for name in scripts),
+            ),
             seed_sources={"octo/alpha": source},
             workspace=tmp_path,
             base=base,
@@ -347,5 +367,7 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
     mounted = next(e for e in events if e["event"] == "work_quota_mounted")
     assert mounted["sizeBytes"] == ENGINE_QUOTA
     assert next(e for e in events if e["event"] == "work_quota_unmounted")["how"] in (
-        "unmounted", "detached")
+        "unmounted",
+        "detached",
+    )
     assert [e for e in events if e["event"] == "degraded" and e["subsystem"] != "agent"] == []

@@ -64,8 +64,12 @@ def test_stage_over_http_with_askpass_leaves_no_token(tmp_path, paths, capfd):
     with GitHttpServer(project_root, token) as server:
         env["GITHUB_SERVER_URL"] = server.url + "/"
         seeds = stage_seeds(
-            [SeedSpec(PrivateRepo("octo/alpha", "confidential"))], paths, env, token,
-            progress=False, allow_insecure_server=True,
+            [SeedSpec(PrivateRepo("octo/alpha", "confidential"))],
+            paths,
+            env,
+            token,
+            progress=False,
+            allow_insecure_server=True,
         )
     # The askpass path really ran: git retried with credentials after a 401.
     assert any(not ok for _m, _p, ok in server.requests)
@@ -136,8 +140,17 @@ def test_scrub_removes_every_external_reference_from_a_dirty_checkout(tmp_path):
 
     scrub(seed, home)
 
-    for name in ("hooks", "logs", "worktrees", "refs/remotes", "remotes", "FETCH_HEAD",
-                 "ORIG_HEAD", "objects/info/alternates", "config.worktree"):
+    for name in (
+        "hooks",
+        "logs",
+        "worktrees",
+        "refs/remotes",
+        "remotes",
+        "FETCH_HEAD",
+        "ORIG_HEAD",
+        "objects/info/alternates",
+        "config.worktree",
+    ):
         assert not os.path.lexists(dot_git / name), name
     for path, data in all_bytes_under(dot_git):
         assert secret.encode() not in data, path
@@ -160,8 +173,12 @@ def test_wrong_token_fails_without_leaking_it(tmp_path, paths):
         env = {"GITHUB_SERVER_URL": server.url}
         with pytest.raises(StagingError) as info:
             stage_seeds(
-                [SeedSpec(PrivateRepo("octo/alpha", "internal"))], paths, env, wrong,
-                progress=False, allow_insecure_server=True,
+                [SeedSpec(PrivateRepo("octo/alpha", "internal"))],
+                paths,
+                env,
+                wrong,
+                progress=False,
+                allow_insecure_server=True,
             )
     assert wrong not in str(info.value)
     assert str(info.value).startswith("octo/alpha: clone failed")
@@ -297,8 +314,13 @@ def test_server_url_refuses_plain_http_unless_the_operator_allows_it():
 
 def test_plain_http_repository_is_refused_before_any_clone(tmp_path, paths):
     with pytest.raises(StagingError, match="not https"):
-        stage_seeds([SeedSpec(PrivateRepo("octo/alpha", "internal"))], paths,
-                    {"GITHUB_SERVER_URL": "http://127.0.0.1:9"}, "tok", progress=False)
+        stage_seeds(
+            [SeedSpec(PrivateRepo("octo/alpha", "internal"))],
+            paths,
+            {"GITHUB_SERVER_URL": "http://127.0.0.1:9"},
+            "tok",
+            progress=False,
+        )
     assert not paths.staging_dir.exists()
 
 
@@ -320,8 +342,13 @@ def test_askpass_answers_only_for_the_configured_origin(tmp_path, prompt, answer
     helper = tmp_path / "askpass.sh"
     helper.write_text(askpass_script("https://ghe.example:8443"))
     helper.chmod(0o700)
-    done = subprocess.run([str(helper), prompt], env={"BQ_STAGING_CREDENTIAL": "SECRET",
-                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(helper), prompt],
+        env={"BQ_STAGING_CREDENTIAL": "SECRET", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if answer is None:
         assert done.returncode != 0
         assert done.stdout == ""
@@ -330,7 +357,9 @@ def test_askpass_answers_only_for_the_configured_origin(tmp_path, prompt, answer
         assert done.stdout == answer
 
 
-@pytest.mark.parametrize("origin", ["https://a'b", "https://a b", "https://a*", "ftp://a", "https://"])
+@pytest.mark.parametrize(
+    "origin", ["https://a'b", "https://a b", "https://a*", "ftp://a", "https://"]
+)
 def test_askpass_refuses_an_origin_it_cannot_quote(origin):
     with pytest.raises(StagingError):
         askpass_script(origin)
@@ -344,7 +373,10 @@ def test_server_url_default_and_normalization():
 def test_repo_path_must_exist_for_seed_source(tmp_path, paths):
     with pytest.raises(StagingError, match="clone failed"):
         stage_seeds(
-            [SeedSpec(PrivateRepo("o/r", "internal"), tmp_path / "nope")], paths, {}, None,
+            [SeedSpec(PrivateRepo("o/r", "internal"), tmp_path / "nope")],
+            paths,
+            {},
+            None,
             progress=False,
         )
 

@@ -143,8 +143,14 @@ def test_owner_record_behind_a_symlink_is_not_read(tmp_path):
         {"version": 1, "mode": "other", "pid": 1, "startTime": 1, "bootId": "", "pidNamespace": ""},
         {"version": 1, "mode": "run", "pid": "1", "startTime": 1, "bootId": "", "pidNamespace": ""},
         {"version": 1, "mode": "run", "pid": 0, "startTime": 1, "bootId": "", "pidNamespace": ""},
-        {"version": 1, "mode": "run", "pid": 1, "startTime": True, "bootId": "",
-         "pidNamespace": ""},
+        {
+            "version": 1,
+            "mode": "run",
+            "pid": 1,
+            "startTime": True,
+            "bootId": "",
+            "pidNamespace": "",
+        },
         [],
     ],
 )
@@ -186,10 +192,21 @@ def test_roots_of_a_dead_owner_are_removed_read_only_seed_and_all():
         assert list(base.iterdir()) == []
     suffix = paths.private_root.name.rsplit("-", 2)[-2:]
     assert events == [
-        {**_stamp(events[0]), "event": "stale_root_removed", "root": "-".join(suffix),
-         "reason": "owner exited"},
-        {**_stamp(events[1]), "event": "stale_roots_swept", "removed": 1, "live": 0,
-         "compose": 0, "skipped": 0, "failed": 0},
+        {
+            **_stamp(events[0]),
+            "event": "stale_root_removed",
+            "root": "-".join(suffix),
+            "reason": "owner exited",
+        },
+        {
+            **_stamp(events[1]),
+            "event": "stale_roots_swept",
+            "removed": 1,
+            "live": 0,
+            "compose": 0,
+            "skipped": 0,
+            "failed": 0,
+        },
     ]
 
 
@@ -296,6 +313,7 @@ def test_a_busy_tmpfs_is_detached_and_the_roots_removed():
 
 # -- end to end: SIGKILL, then the next run ----------------------------------
 
+
 def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path) -> None:
     with killable_harness(tmp_path, config, source, base) as (harness, _agent):
         harness.kill()
@@ -312,8 +330,11 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
-    section = {"enabled": True, "memoryLimit": "64m",
-               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    section = {
+        "enabled": True,
+        "memoryLimit": "64m",
+        "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+    }
     config.write_text(json.dumps({"boundedQueries": section}))
     with sweep_base() as base:
         kill_harness_mid_run(tmp_path, base, config, source)
@@ -331,9 +352,12 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     assert status == 0, events
     removed = [e for e in events if e["event"] == "stale_root_removed"]
     assert removed == [
-        {**_stamp(removed[0]), "event": "stale_root_removed",
-         "root": private.name.removeprefix("awf-bounded-query-private-"),
-         "reason": "owner exited"}
+        {
+            **_stamp(removed[0]),
+            "event": "stale_root_removed",
+            "root": private.name.removeprefix("awf-bounded-query-private-"),
+            "reason": "owner exited",
+        }
     ]
     names = [e["event"] for e in events]
     assert names.index("stale_roots_swept") < names.index("preflight_passed")
@@ -346,8 +370,7 @@ async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
-    section = {"enabled": True,
-               "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
+    section = {"enabled": True, "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}]}
     config.write_text(json.dumps({"boundedQueries": section}))
     stream = io.StringIO()
     sink = EventSink(stream)
@@ -372,9 +395,7 @@ async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
             assert owner.mode == MODE_COMPOSE
             assert owner.pid == os.getpid()
             # Even once its creator is gone, a compose project's roots stay.
-            write_owner_record(
-                prepared.paths.private_root, record(MODE_COMPOSE, pid=dead_pid())
-            )
+            write_owner_record(prepared.paths.private_root, record(MODE_COMPOSE, pid=dead_pid()))
             sweep(base)
             assert exists(prepared.paths) == (True, True)
         finally:

@@ -38,7 +38,7 @@ from bounded_query.wrapper.bounded_query_cost import assess
 TABLE_FILE = Path(__file__).with_name("conformance.yaml")
 TABLE: dict[str, list[dict[str, Any]]] = yaml.safe_load(TABLE_FILE.read_text(encoding="utf-8"))
 
-#: The one marker of a deliberate strict-side deviation (DESIGN.md decision 6).
+#: The one marker of a deliberate strict-side deviation (docs/architecture.md decision 6).
 DEVIATION = "decision-6"
 _COMMON = {"id", "deviation", "note"}
 _KEYS = {

@@ -1,4 +1,4 @@
-"""Unit tests of request rules and HTTP framing (spec 14.2, 14.3; DESIGN.md framing)."""
+"""Unit tests of request rules and HTTP framing (spec 14.2, 14.3; docs/architecture.md framing)."""
 
 from __future__ import annotations
 
@@ -299,7 +299,7 @@ def test_bad_schema_header(schema: bytes, message: str) -> None:
 
 def test_raw_schema_bytes_are_counted() -> None:
     # Whitespace in the raw header counts against MAX_SCHEMA_BYTES even though
-    # the compact serialization would be tiny (DESIGN.md decision 6).
+    # the compact serialization would be tiny (docs/architecture.md decision 6).
     padded = BOOL_JSON + b" " * (MAX_SCHEMA_BYTES - len(BOOL_JSON))
     assert parse_frame(headers(schema=padded), b"x")
     assert "larger than 4096" in frame_error(headers(schema=padded + b" "))

@@ -517,7 +517,7 @@ def test_canonical_schema_round_trips() -> None:
 def test_schema_from_strict_parser() -> None:
     parsed = parse_schema(strict_parse_json(b'{"type":"integer","minimum":-1,"maximum":1}'))
     assert cardinality(parsed) == 3
-    # Float or exponent tokens are never integers in a schema (DESIGN.md decision 6).
+    # Float or exponent tokens are never integers in a schema (docs/architecture.md decision 6).
     for text in (b"1.0", b"1e0", b"-0.0", b"-0e0", b"10000000000000000000"):
         raw = b'{"type":"integer","minimum":0,"maximum":' + text + b"}"
         assert error_of(strict_parse_json(raw)).startswith("schema.maximum: must be an integer")

@@ -36,15 +36,22 @@ def _a(name: str, expect: str, script: str) -> Attack:
 
 
 ATTACKS = [
-    _a("net-dns", "false", """
+    _a(
+        "net-dns",
+        "false",
+        """
 import socket
 try:
     socket.getaddrinfo("github.com", 443)
     answer(True)
 except OSError:
     answer(False)
-"""),
-    _a("net-tcp-gateway", "false", """
+""",
+    ),
+    _a(
+        "net-tcp-gateway",
+        "false",
+        """
 import socket, struct
 gateways = {"172.17.0.1", "10.0.2.2", "192.168.0.1"}
 try:
@@ -63,8 +70,12 @@ for gw in sorted(gateways):
         except OSError:
             pass
 answer(reached)
-"""),
-    _a("docker-socket", "false", """
+""",
+    ),
+    _a(
+        "docker-socket",
+        "false",
+        """
 import socket
 reached = False
 for path in ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock"):
@@ -77,8 +88,12 @@ for path in ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/contai
     except OSError:
         pass
 answer(reached)
-"""),
-    _a("proc1-environ", "false", """
+""",
+    ),
+    _a(
+        "proc1-environ",
+        "false",
+        """
 allowed = {b"PATH", b"LANG", b"HOME", b"PYTHONDONTWRITEBYTECODE", b"GIT_CONFIG_NOSYSTEM",
            b"HOSTNAME"}
 extra = False
@@ -90,8 +105,12 @@ for pid in ("1", "self"):
     names = {item.partition(b"=")[0] for item in data.split(b"\\0") if item}
     extra = extra or bool(names - allowed)
 answer(extra)
-"""),
-    _a("host-files", "false", """
+""",
+    ),
+    _a(
+        "host-files",
+        "false",
+        """
 found = False
 for path in ("/work/main", "/var/lib/docker", "/etc/docker/daemon.json", "/root/.ssh",
              "/var/run/docker.sock", "/home", "/awf/seeds", "/var/tmp/awf-bounded-query"):
@@ -116,8 +135,12 @@ try:
 except OSError:
     pass
 answer(found or sorted(os.listdir("/awf")) != ["entrypoint.py", "query-script.py", "seed"])
-"""),
-    _a("write-outside-query", "false", """
+""",
+    ),
+    _a(
+        "write-outside-query",
+        "false",
+        """
 wrote = False
 for path in ("/etc/x", "/usr/x", "/x", "/awf/x", "/awf/seed/x", "/var/tmp/x", "/root/x",
              "/awf/seed/README.md", "/awf/query-script.py", "/awf/entrypoint.py", "/etc/passwd"):
@@ -136,8 +159,12 @@ for path in ("/awf/seed/.git", "/awf/seed"):
 open("/tmp/scratch", "w").write("fine")  # the writable places still work
 open("/query/repo/scratch", "w").write("fine")
 answer(wrote)
-"""),
-    _a("out-symlink", "error", """
+""",
+    ),
+    _a(
+        "out-symlink",
+        "error",
+        """
 open("/query/t", "w").write("true")
 for step in (lambda: os.unlink("/query/out"),
              lambda: os.symlink("/query/t", "/query/out"),
@@ -149,16 +176,24 @@ for step in (lambda: os.unlink("/query/out"),
         step()
     except OSError:
         pass
-"""),
-    _a("out-fifo", "error", """
+""",
+    ),
+    _a(
+        "out-fifo",
+        "error",
+        """
 for step in (lambda: os.unlink("/query/out"), lambda: os.mkfifo("/query/out"),
              lambda: os.mkfifo("/query/f"), lambda: os.rename("/query/f", "/query/out")):
     try:
         step()
     except OSError:
         pass
-"""),
-    _a("out-device", "error", """
+""",
+    ),
+    _a(
+        "out-device",
+        "error",
+        """
 import stat
 for step in (lambda: os.mknod("/query/d", stat.S_IFCHR | 0o666, os.makedev(1, 3)),
              lambda: os.rename("/query/d", "/query/out"),
@@ -168,32 +203,56 @@ for step in (lambda: os.mknod("/query/d", stat.S_IFCHR | 0o666, os.makedev(1, 3)
         step()
     except OSError:
         pass
-"""),
-    _a("out-directory", "error", """
+""",
+    ),
+    _a(
+        "out-directory",
+        "error",
+        """
 for step in (lambda: os.unlink("/query/out"), lambda: os.mkdir("/query/out"),
              lambda: os.mkdir("/query/dir"), lambda: os.rename("/query/dir", "/query/out")):
     try:
         step()
     except OSError:
         pass
-"""),
-    _a("out-chmod-then-answer", "true", """
+""",
+    ),
+    _a(
+        "out-chmod-then-answer",
+        "true",
+        """
 answer(True)
 os.chmod("/query/out", 0)
-"""),
-    _a("huge-result", "error", """
+""",
+    ),
+    _a(
+        "huge-result",
+        "error",
+        """
 chunk = b"1" * (1 << 20)
 with open("/query/out", "wb") as fh:
     for _ in range(100):
         fh.write(chunk)
-"""),
-    _a("oversize-result", "error", """
+""",
+    ),
+    _a(
+        "oversize-result",
+        "error",
+        """
 open("/query/out", "w").write("true" + " " * 9000)
-"""),
-    _a("invalid-utf8-result", "error", """
+""",
+    ),
+    _a(
+        "invalid-utf8-result",
+        "error",
+        """
 open("/query/out", "wb").write(b'"\\xff\\xfe"')
-"""),
-    _a("fork-bomb", "false|error", """
+""",
+    ),
+    _a(
+        "fork-bomb",
+        "false|error",
+        """
 import time
 n = 0
 try:
@@ -206,8 +265,12 @@ try:
 except OSError:
     pass
 answer(n > 200)
-"""),
-    _a("memory-past-limit", "error|false", """
+""",
+    ),
+    _a(
+        "memory-past-limit",
+        "error|false",
+        """
 try:
     blob = bytearray(1 << 30)
     for i in range(0, len(blob), 4096):
@@ -215,8 +278,12 @@ try:
     answer(True)
 except MemoryError:
     answer(False)
-"""),
-    _a("fill-tmpfs", "false|error", """
+""",
+    ),
+    _a(
+        "fill-tmpfs",
+        "false|error",
+        """
 # many files below the per-file size limit, until the tmpfs (or memory) is full
 full = set()
 for target in ("/tmp", "/query"):
@@ -228,8 +295,12 @@ for target in ("/tmp", "/query"):
     except OSError:
         full.add(target)
 answer(full != {"/tmp", "/query"})
-"""),
-    _a("millions-of-files", "error|false", """
+""",
+    ),
+    _a(
+        "millions-of-files",
+        "error|false",
+        """
 os.mkdir("/query/many")
 try:
     for i in range(2_000_000):
@@ -237,8 +308,12 @@ try:
     answer(True)
 except OSError:
     answer(False)
-"""),
-    _a("many-files-in-repo", "error|false", """
+""",
+    ),
+    _a(
+        "many-files-in-repo",
+        "error|false",
+        """
 # the repository view's upper layer is on the host disk (sandbox/overlay.py):
 # its files must be removed with the workspace
 os.mkdir("/query/repo/many")
@@ -248,8 +323,12 @@ try:
     answer(True)
 except OSError:
     answer(False)
-"""),
-    _a("big-files-in-repo", "true", """
+""",
+    ),
+    _a(
+        "big-files-in-repo",
+        "true",
+        """
 chunk = b"\\0" * (1 << 20)
 for i in range(3):  # 96 MiB: within the invocation's quota (half of 256 MiB)
     with open(f"/query/repo/big{i}", "wb") as fh:
@@ -263,11 +342,15 @@ try:  # one file past the per-file limit (or the quota) fails, the query goes on
 except OSError:
     os.unlink("/query/repo/huge")  # the answer shares the quota: free it first
     answer(True)
-"""),
+""",
+    ),
     # issue 9: the workspace is the invocation's own tmpfs with a hard quota
     # below the memory limit, so a writer gets ENOSPC (and can still answer
     # after freeing space) instead of being OOM-killed
-    _a("fill-workspace-quota", "true", """
+    _a(
+        "fill-workspace-quota",
+        "true",
+        """
 import errno, os
 chunk = b"\\0" * (1 << 20)
 err = None
@@ -281,29 +364,49 @@ for name in os.listdir("/query/repo"):
     if name.startswith("fill"):
         os.unlink("/query/repo/" + name)
 answer(err == errno.ENOSPC)
-"""),
-    _a("spin-past-timeout", "error", """
+""",
+    ),
+    _a(
+        "spin-past-timeout",
+        "error",
+        """
 answer(True)
 while True:
     pass
-"""),
-    _a("sleep-into-bucket", "true", """
+""",
+    ),
+    _a(
+        "sleep-into-bucket",
+        "true",
+        """
 import time
 time.sleep(0.2)
 answer(True)
-"""),
-    _a("flood-stdout-stderr", "true", """
+""",
+    ),
+    _a(
+        "flood-stdout-stderr",
+        "true",
+        """
 chunk = b"x" * (1 << 20)
 for _ in range(40):
     sys.stdout.buffer.write(chunk)
     sys.stderr.buffer.write(chunk)
 answer(True)
-"""),
-    _a("exit-nonzero", "error", """
+""",
+    ),
+    _a(
+        "exit-nonzero",
+        "error",
+        """
 answer(True)
 sys.exit(3)
-"""),
-    _a("setuid", "false", """
+""",
+    ),
+    _a(
+        "setuid",
+        "false",
+        """
 changed = False
 for call in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setresuid(0, 0, 0),
              lambda: os.setgroups([0])):
@@ -313,13 +416,18 @@ for call in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.setresuid(0,
     except OSError:
         pass
 answer(changed or os.getuid() == 0)
-"""),
-    _a("kill-entrypoint", "true|error", """
+""",
+    ),
+    _a(
+        "kill-entrypoint",
+        "true|error",
+        """
 import signal
 answer(True)
 try:
     os.kill(1, signal.SIGKILL)
 except OSError:
     pass
-"""),
+""",
+    ),
 ]

@@ -192,8 +192,7 @@ def decode_timing(values_per_bit: Sequence[Sequence[float]]) -> list[int]:
     trials = len(values_per_bit[0])
     medians = [statistics.median(v) for v in values_per_bit]
     return [
-        sum(int(values_per_bit[i][t] < medians[i]) << i for i in range(BITS))
-        for t in range(trials)
+        sum(int(values_per_bit[i][t] < medians[i]) << i for i in range(BITS)) for t in range(trials)
     ]
 
 

@@ -96,11 +96,7 @@ def read_answer(invocation: Invocation) -> bytes | None:
 def leftover_containers(client, run_id: str, *, pin: bool = False) -> list[str]:
     """The run's containers; the page-cache pin (alive until reconcile) only with ``pin``."""
     found = client.containers.list(all=True, filters={"label": f"bounded-query.run={run_id}"})
-    return [
-        c.name
-        for c in found
-        if pin or c.labels.get("bounded-query.role") != "page-cache-pin"
-    ]
+    return [c.name for c in found if pin or c.labels.get("bounded-query.role") != "page-cache-pin"]
 
 
 def leftover_volumes(client, run_id: str, *, role: str | None = None) -> list[str]:

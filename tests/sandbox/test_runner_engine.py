@@ -100,8 +100,7 @@ async def test_git_works_and_repo_is_private_and_writable(
 
 async def test_script_runs_as_main_in_query(engine, work_root, seed, runtime):
     script = (
-        "import os, sys\n"
-        "open('/query/out','w').write(repr((__name__, os.getcwd(), sys.argv[0])))"
+        "import os, sys\nopen('/query/out','w').write(repr((__name__, os.getcwd(), sys.argv[0])))"
     )
     report, answer = await run_one(engine, work_root, seed, script, runtime=runtime)
     assert report.failure is None

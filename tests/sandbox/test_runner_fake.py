@@ -258,9 +258,7 @@ async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp
     preps = [c for c in api.calls if c[0] == "create" and c[1] is None]
     assert len(preps) == 1  # the prep container ran once
     # only the seed's view volume remains; prep, work and invocation volumes are gone
-    assert [n for n in api.volumes_alive] == [
-        n for n in api.volumes_alive if n.endswith("-view")
-    ]
+    assert [n for n in api.volumes_alive] == [n for n in api.volumes_alive if n.endswith("-view")]
     assert len(api.volumes_alive) == 1
     if os.geteuid() != 0:  # as root they lived on the invocation's own tmpfs
         assert (tmp_path / "01" / "upper").is_dir()

@@ -227,9 +227,26 @@ def test_seccomp_profile_shape():
     assert runc["defaultErrnoRet"] == 1
     allowed = set(runc["syscalls"][0]["names"])
     assert len(allowed) < 200  # far fewer than Docker's 300+
-    for name in ("ptrace", "mount", "umount2", "unshare", "setns", "keyctl", "add_key", "bpf",
-                 "perf_event_open", "io_uring_setup", "kexec_load", "init_module",
-                 "pivot_root", "chroot", "setuid", "clone", "clone3", "socket"):
+    for name in (
+        "ptrace",
+        "mount",
+        "umount2",
+        "unshare",
+        "setns",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "io_uring_setup",
+        "kexec_load",
+        "init_module",
+        "pivot_root",
+        "chroot",
+        "setuid",
+        "clone",
+        "clone3",
+        "socket",
+    ):
         assert name not in allowed
     clone3 = {tuple(r["names"]): r for r in runc["syscalls"]}[("clone3",)]
     assert clone3 == {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38}

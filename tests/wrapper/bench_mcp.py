@@ -29,17 +29,24 @@ def timed(server, line: bytes) -> float:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    rows: dict[str, list[float]] = {k: [] for k in (
-        "start-up to initialize answer", "ping", "tools/list", "bounded_query (MCP)",
-        "bounded_query_cost (MCP)", "bounded-query CLI process")}
+    rows: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "start-up to initialize answer",
+            "ping",
+            "tools/list",
+            "bounded_query (MCP)",
+            "bounded_query_cost (MCP)",
+            "bounded-query CLI process",
+        )
+    }
     with recorded_server(Reply([http_reply(OK)])) as broker:
         env = server_env(broker.path, None)
         for _ in range(max(5, n // 5)):
             started = time.perf_counter()
             with raw_server(env=env) as server:
                 server.ask(initialize(0))
-                rows["start-up to initialize answer"].append(
-                    (time.perf_counter() - started) * 1000)
+                rows["start-up to initialize answer"].append((time.perf_counter() - started) * 1000)
                 server.close()
         with raw_server(env=env) as server:
             server.ask(initialize(0))
@@ -47,9 +54,11 @@ def main() -> None:
                 rows["ping"].append(timed(server, request(i, "ping")))
                 rows["tools/list"].append(timed(server, request(i, "tools/list")))
                 rows["bounded_query (MCP)"].append(
-                    timed(server, call(i, "bounded_query", QUESTION)))
+                    timed(server, call(i, "bounded_query", QUESTION))
+                )
                 rows["bounded_query_cost (MCP)"].append(
-                    timed(server, call(i, "bounded_query_cost", {"schema": BOOLEAN})))
+                    timed(server, call(i, "bounded_query_cost", {"schema": BOOLEAN}))
+                )
             server.close()
         args = ["--repo", "octo/alpha", "--schema", BOOLEAN]
         for _ in range(max(5, n // 5)):

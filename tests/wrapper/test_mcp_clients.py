@@ -52,19 +52,27 @@ def agent_env(tmp_path: Path, socket_path: str | None) -> tuple[dict[str, str], 
     env = server_env(socket_path, skill_file(tmp_path))
     env["AWF_BOUNDED_QUERY_REPOS"] = "octo/alpha"
     node_dir = os.path.dirname(shutil.which("node") or "/usr/bin/node")
-    env.update({
-        "HOME": str(home),
-        "PATH": f"{bin_dir}:{node_dir}:/usr/bin:/bin",
-        "NO_COLOR": "1",
-        "CI": "true",
-    })
+    env.update(
+        {
+            "HOME": str(home),
+            "PATH": f"{bin_dir}:{node_dir}:/usr/bin:/bin",
+            "NO_COLOR": "1",
+            "CI": "true",
+        }
+    )
     return env, home
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
-        check=False, stdin=subprocess.DEVNULL,
+        argv,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT_S,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -81,9 +89,17 @@ def inspector(env, home, era, *args):
         item for name in AGENT_VARIABLES if name in env for item in ("-e", f"{name}={env[name]}")
     ]
     return run(
-        [client("mcp-inspector"), "--cli", "--protocol-era", era, *forwarded,
-         "bounded-query-mcp", *args],
-        env, home / "project",
+        [
+            client("mcp-inspector"),
+            "--cli",
+            "--protocol-era",
+            era,
+            *forwarded,
+            "bounded-query-mcp",
+            *args,
+        ],
+        env,
+        home / "project",
     )
 
 
@@ -103,19 +119,38 @@ def test_inspector_calls_both_tools_and_reads_the_skill(tmp_path, era):
     with recorded_server(Reply([http_reply(OK)])) as broker:
         env, home = agent_env(tmp_path, broker.path)
         question = {"repo": "octo/alpha", "schema": BOOLEAN, "script": "print(1)\n"}
-        done = inspector(env, home, era, "--method", "tools/call", "--tool-name",
-                         "bounded_query", "--tool-args-json", json.dumps(question))
+        done = inspector(
+            env,
+            home,
+            era,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "bounded_query",
+            "--tool-args-json",
+            json.dumps(question),
+        )
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
         assert answer["structuredContent"] == json.loads(OK)
         assert answer["content"] == [{"type": "text", "text": OK.decode()}]
         assert answer.get("isError") is False
-        done = inspector(env, home, era, "--method", "tools/call", "--tool-name",
-                         "bounded_query_cost", "--tool-args-json", json.dumps({"schema": BOOLEAN}))
+        done = inspector(
+            env,
+            home,
+            era,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "bounded_query_cost",
+            "--tool-args-json",
+            json.dumps({"schema": BOOLEAN}),
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["structuredContent"]["chargeBits"] == 5
-        done = inspector(env, home, era, "--method", "resources/read",
-                         "--uri", "bounded-query://SKILL.md")
+        done = inspector(
+            env, home, era, "--method", "resources/read", "--uri", "bounded-query://SKILL.md"
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["contents"][0]["text"] == SKILL_TEXT
     assert len(broker.requests) == 1
@@ -133,8 +168,19 @@ def test_claude_code_reports_the_server_connected(tmp_path):
     claude = client("claude")
     env, home = agent_env(tmp_path, None)
     project = home / "project"
-    added = run([claude, "mcp", "add-json", "--scope", "user", "bounded-query",
-                 json.dumps(server_object("claude"))], env, project)
+    added = run(
+        [
+            claude,
+            "mcp",
+            "add-json",
+            "--scope",
+            "user",
+            "bounded-query",
+            json.dumps(server_object("claude")),
+        ],
+        env,
+        project,
+    )
     assert added.returncode == 0, added.stdout + added.stderr
     listed = run([claude, "mcp", "list"], env, project)
     assert listed.returncode == 0, listed.stdout + listed.stderr
@@ -148,8 +194,11 @@ def test_claude_code_reports_a_broken_server_as_failed(tmp_path):
     claude = client("claude")
     env, home = agent_env(tmp_path, None)
     broken = {**server_object("claude"), "command": "bounded-query"}  # the CLI, not MCP
-    run([claude, "mcp", "add-json", "--scope", "user", "bounded-query", json.dumps(broken)],
-        env, home / "project")
+    run(
+        [claude, "mcp", "add-json", "--scope", "user", "bounded-query", json.dumps(broken)],
+        env,
+        home / "project",
+    )
     listed = run([claude, "mcp", "list"], env, home / "project")
     line = next(x for x in listed.stdout.splitlines() if x.startswith("bounded-query:"))
     assert "Connected" not in line, listed.stdout
@@ -162,7 +211,8 @@ def test_gemini_cli_reports_the_server_connected(tmp_path):
     (home / ".gemini").mkdir()
     (home / ".gemini" / "settings.json").write_text(render_mcp_config("gemini"))
     (home / ".gemini" / "trustedFolders.json").write_text(
-        json.dumps({str(project): "TRUST_FOLDER"}))
+        json.dumps({str(project): "TRUST_FOLDER"})
+    )
     listed = run([gemini, "mcp", "list"], env, project)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     text = listed.stdout + listed.stderr

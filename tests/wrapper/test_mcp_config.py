@@ -38,8 +38,7 @@ def test_json_clients_forward_the_three_variables_by_reference(client):
 
 def test_codex_forwards_the_variables_with_env_vars():
     server = parsed("codex")
-    assert server == {"command": "bounded-query-mcp", "args": [],
-                      "env_vars": list(AGENT_VARIABLES)}
+    assert server == {"command": "bounded-query-mcp", "args": [], "env_vars": list(AGENT_VARIABLES)}
 
 
 WEIRD = 'C:\\a "b"\t\u00e9\U0001f600\x7f\x01/run'

@@ -104,17 +104,27 @@ async def test_mcp_tool_call_reaches_the_real_broker_and_is_charged(engine):
         (workspace / "question.json").write_text(json.dumps(question))
         os.chmod(workspace, 0o777)
         config = base / "config.json"
-        config.write_text(json.dumps({"boundedQueries": {
-            "enabled": True,
-            "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
-        }}))
+        config.write_text(
+            json.dumps(
+                {
+                    "boundedQueries": {
+                        "enabled": True,
+                        "privateRepos": [{"repo": "octo/alpha", "sensitivity": "internal"}],
+                    }
+                }
+            )
+        )
         state = base / "state"
         state.mkdir(mode=0o755)
         stream = io.StringIO()
         options = RunOptions(
             config_source=str(config),
-            agent=("python3", f"{workspace}/driver.py", f"{workspace}/question.json",
-                   f"{workspace}/report.json"),
+            agent=(
+                "python3",
+                f"{workspace}/driver.py",
+                f"{workspace}/question.json",
+                f"{workspace}/report.json",
+            ),
             seed_sources={"octo/alpha": source},
             workspace=workspace,
             base=state,
@@ -140,4 +150,3 @@ async def test_mcp_tool_call_reaches_the_real_broker_and_is_charged(engine):
     usage = next(e for e in events if e["event"] == "repo_usage")
     assert usage["spent"] == 2 * charge
     assert usage["invocations"] == 2
-

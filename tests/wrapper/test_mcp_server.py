@@ -77,10 +77,14 @@ def code(reply) -> int | None:
 
 PLAIN_LIST = request(1, "tools/list")
 MODERN_LIST = request(1, "tools/list", {"_meta": envelope()})
-BAD_VERSION = request(1, "tools/list", {"_meta": envelope(**{
-    "io.modelcontextprotocol/protocolVersion": "2099-01-01"})})
-HALF_ENVELOPE = request(1, "tools/list", {"_meta": {
-    "io.modelcontextprotocol/protocolVersion": MODERN}})
+BAD_VERSION = request(
+    1,
+    "tools/list",
+    {"_meta": envelope(**{"io.modelcontextprotocol/protocolVersion": "2099-01-01"})},
+)
+HALF_ENVELOPE = request(
+    1, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}
+)
 DISCOVER = request(1, "server/discover", {"_meta": envelope()})
 PLAIN_DISCOVER = request(1, "server/discover")
 PING = request(1, "ping")
@@ -148,8 +152,13 @@ def test_era_table(state, name):
 
 @pytest.mark.parametrize(
     ("offered", "agreed"),
-    [("2025-06-18", "2025-06-18"), ("2025-11-25", "2025-11-25"),
-     ("2024-11-05", "2025-11-25"), (MODERN, "2025-11-25"), ("garbage", "2025-11-25")],
+    [
+        ("2025-06-18", "2025-06-18"),
+        ("2025-11-25", "2025-11-25"),
+        ("2024-11-05", "2025-11-25"),
+        (MODERN, "2025-11-25"),
+        ("garbage", "2025-11-25"),
+    ],
 )
 def test_handshake_negotiates_a_served_revision(offered, agreed):
     reply = answer(fake_session(), initialize(7, offered))
@@ -242,8 +251,11 @@ HOSTILE = [
     (b'{"jsonrpc":"2.0","id":"s","method":"ping","params":[1]}', -32602, "s"),
     (b'{"jsonrpc":"2.0","id":15,"method":"no/such/method"}', -32601, 15),
     (b'{"jsonrpc":"2.0","id":16,"method":"prompts/list"}', -32601, 16),
-    (b'{"jsonrpc":"2.0","id":17,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}',
-     -32602, 17),
+    (
+        b'{"jsonrpc":"2.0","id":17,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}',
+        -32602,
+        17,
+    ),
     (b'{"jsonrpc":"2.0","id":18,"method":"resources/read","params":{}}', -32602, 18),
 ]
 
@@ -327,9 +339,10 @@ def test_a_big_legitimate_call_fits_the_line_limit():
     script = "\x01" * (64 * 1024)
     line = call(1, "bounded_query", {**QUESTION, "script": script, "schema": "\x01" * 4096})
     assert len(line) < mcp.MAX_LINE_BYTES
-    with recorded_server(Reply([http_reply(OK)])) as broker, raw_server(
-        env=server_env(broker.path, None)
-    ) as server:
+    with (
+        recorded_server(Reply([http_reply(OK)])) as broker,
+        raw_server(env=server_env(broker.path, None)) as server,
+    ):
         server.ask(initialize(0))
         reply = server.ask(call(1, "bounded_query", {**QUESTION, "script": script}))
         server.close()
@@ -371,9 +384,10 @@ def test_concurrent_calls_each_get_their_own_answer_and_ping_stays_live():
 
 
 def test_concurrent_ok_answers_are_matched_to_their_ids():
-    with recorded_server(Reply([http_reply(OK)])) as broker, raw_server(
-        env=server_env(broker.path, None)
-    ) as server:
+    with (
+        recorded_server(Reply([http_reply(OK)])) as broker,
+        raw_server(env=server_env(broker.path, None)) as server,
+    ):
         server.ask(initialize(0))
         server.send(b"".join(call(i, "bounded_query", QUESTION) for i in range(1, 11)))
         server.lines(11)
@@ -419,8 +433,10 @@ def tools_listed(env, modern: bool):
 def test_the_tool_list_is_the_same_for_every_run(tmp_path):
     envs = [
         server_env(None, None),
-        {**server_env("/tmp/x/broker.sock", skill_file(tmp_path)),
-         "AWF_BOUNDED_QUERY_REPOS": "acme/secret-plans,octo/alpha"},
+        {
+            **server_env("/tmp/x/broker.sock", skill_file(tmp_path)),
+            "AWF_BOUNDED_QUERY_REPOS": "acme/secret-plans,octo/alpha",
+        },
     ]
     lists = [tools_listed(env, modern)["tools"] for env in envs for modern in (False, True)]
     assert all(tools == lists[0] for tools in lists)
@@ -453,8 +469,14 @@ def test_query_structured_content_matches_its_output_schema(body):
 
 @pytest.mark.parametrize(
     "schema",
-    [BOOLEAN, '{"type":"nope"}', "[", '{"type":"array","items":{"type":"integer","minimum":0,'
-     '"maximum":9007199254740991},"length":64}', "x" * 4096],
+    [
+        BOOLEAN,
+        '{"type":"nope"}',
+        "[",
+        '{"type":"array","items":{"type":"integer","minimum":0,'
+        '"maximum":9007199254740991},"length":64}',
+        "x" * 4096,
+    ],
     ids=["boolean", "unknown-type", "not-json", "saturated", "oversize-text"],
 )
 def test_cost_is_the_cost_tools_own_report(schema):
@@ -472,12 +494,16 @@ def test_descriptions_state_the_protocols_numbers():
     assert mcp.MAX_SCRIPT_BYTES == protocol.MAX_SCRIPT_BYTES
     assert mcp.MAX_REPO_CHARS == protocol.MAX_SLUG_CHARS
     status, timing = protocol.RESULT_STATUS_BIT_COST, protocol.TIMING_BUCKET_BITS
-    assert f"{status} status bit + ceil(log2(cardinality of the schema)) + {timing} timing" \
+    assert (
+        f"{status} status bit + ceil(log2(cardinality of the schema)) + {timing} timing"
         in mcp.QUERY_DESCRIPTION
+    )
     assert f"{status} status + ceil(log2(cardinality)) + {timing}" in mcp.COST_DESCRIPTION
     budgets = cost_tool.RUN_BUDGETS
-    assert (f"internal {budgets['internal']} bits, confidential {budgets['confidential']},"
-            f" sealed {budgets['sealed']}") in mcp.COST_DESCRIPTION
+    assert (
+        f"internal {budgets['internal']} bits, confidential {budgets['confidential']},"
+        f" sealed {budgets['sealed']}"
+    ) in mcp.COST_DESCRIPTION
     for kind in ("const", "boolean", "enum", "integer", "object", "tuple", "array", "union"):
         assert kind in mcp.QUERY_DESCRIPTION
 
@@ -488,8 +514,7 @@ def test_skill_resource_reads_the_file_and_fails_closed(tmp_path):
     with raw_server(env=server_env(None, path)) as server:
         server.ask(initialize(0))
         contents = server.ask(read)["result"]["contents"]
-        assert contents == [{"uri": mcp.SKILL_URI, "mimeType": "text/markdown",
-                             "text": SKILL_TEXT}]
+        assert contents == [{"uri": mcp.SKILL_URI, "mimeType": "text/markdown", "text": SKILL_TEXT}]
         path.write_bytes(b"\xff not utf-8")
         assert server.ask(read)["error"]["code"] == -32603
         path.unlink()
@@ -541,9 +566,12 @@ def test_runs_on_a_real_python_3_8(tmp_path):
     """The installed copy on the oldest promised agent Python: both tools work."""
     python38 = require_python38()
     bin_dir = wrapper_dir(tmp_path)
-    with recorded_server(Reply([http_reply(OK)])) as broker, raw_server(
-        [python38, str(bin_dir / "bounded-query-mcp")], server_env(broker.path, None)
-    ) as server:
+    with (
+        recorded_server(Reply([http_reply(OK)])) as broker,
+        raw_server(
+            [python38, str(bin_dir / "bounded-query-mcp")], server_env(broker.path, None)
+        ) as server,
+    ):
         assert server.ask(initialize(0, "2025-06-18"))["result"]["protocolVersion"] == "2025-06-18"
         assert len(server.ask(request(1, "tools/list"))["result"]["tools"]) == 2
         got = server.ask(call(2, "bounded_query", QUESTION))
@@ -572,8 +600,13 @@ def test_a_failing_query_is_still_answered_with_the_canonical_error():
     server = threading.Thread(target=mcp.serve, args=(in_r, mcp.Writer(out_w), session))
     server.start()
     scripts = {1: "raise", 2: "garbage", 3: "print(1)"}
-    os.write(in_w, initialize(0) + b"".join(
-        call(i, "bounded_query", {**QUESTION, "script": text}) for i, text in scripts.items()))
+    os.write(
+        in_w,
+        initialize(0)
+        + b"".join(
+            call(i, "bounded_query", {**QUESTION, "script": text}) for i, text in scripts.items()
+        ),
+    )
     os.close(in_w)
     server.join(timeout=30)
     assert not server.is_alive()
@@ -582,8 +615,11 @@ def test_a_failing_query_is_still_answered_with_the_canonical_error():
         replies = [json.loads(line) for line in out.read().splitlines()]
     os.close(in_r)
     by_id = {r["id"]: r["result"]["structuredContent"] for r in replies[1:]}
-    assert by_id == {1: {"status": "error"}, 2: {"status": "error"},
-                     3: {"status": "ok", "result": True}}
+    assert by_id == {
+        1: {"status": "error"},
+        2: {"status": "error"},
+        3: {"status": "ok", "result": True},
+    }
 
 
 def test_the_agents_python_environment_cannot_touch_the_stream(tmp_path):
