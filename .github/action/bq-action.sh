@@ -49,7 +49,10 @@ PY
     *) echo "bounded-query action: cannot register runsc in /etc/docker/daemon.json" >&2; exit 1 ;;
   esac
   python3 -m pip install -q "$here"
-  as_root "$here/.ci/build-images"
+  # Ubuntu's apt sources hold no bookworm: build the images from Debian's mirror.
+  local mirror=""
+  grep -q '^ID=debian$' /etc/os-release 2>/dev/null || mirror=http://deb.debian.org/debian
+  as_root env BQ_DEBIAN_MIRROR="${BQ_DEBIAN_MIRROR:-$mirror}" "$here/.ci/build-images"
 }
 
 cmd_run() {

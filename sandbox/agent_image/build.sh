@@ -16,6 +16,9 @@
 # Idempotent: the image carries the label bounded-query.recipe=<sha256 of this
 # script>; an image with the same label is not rebuilt.
 set -euo pipefail
+# BQ_DEBIAN_MIRROR (optional): a Debian mirror URL for hosts whose own apt
+# sources are not Debian's (for example an Ubuntu CI runner); by default
+# mmdebstrap uses the host's apt sources.
 here=$(cd "$(dirname "$0")" && pwd)
 image=${1:-bounded-query-agent:latest}
 DOCKER=/usr/bin/docker
@@ -37,7 +40,7 @@ SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential \
   --dpkgopt='path-exclude=/usr/share/info/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
-  bookworm "$work/rootfs.tar"
+  bookworm "$work/rootfs.tar" ${BQ_DEBIAN_MIRROR:+"$BQ_DEBIAN_MIRROR"}
 previous=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 "$DOCKER" import \
   --change 'USER 65533:65533' \

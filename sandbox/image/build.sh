@@ -17,6 +17,9 @@
 # Checks the result: python3 and git work; no package manager, no Docker
 # client, no compiler.
 set -euo pipefail
+# BQ_DEBIAN_MIRROR (optional): a Debian mirror URL for hosts whose own apt
+# sources are not Debian's (for example an Ubuntu CI runner); by default
+# mmdebstrap uses the host's apt sources.
 here=$(cd "$(dirname "$0")" && pwd)
 image=${1:-bounded-query-python:latest}
 DOCKER=/usr/bin/docker
@@ -41,7 +44,7 @@ SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --include=py
   --customize-hook='chown -R 0:0 "$1/awf" && chmod 0755 "$1/awf" "$1/awf/seed" "$1/query" && chmod 0444 "$1/awf/entrypoint.py" "$1/awf/query-script.py"' \
   --customize-hook='rm -rf "$1"/usr/bin/dpkg* "$1"/usr/sbin/dpkg* "$1"/usr/bin/apt* "$1"/usr/sbin/update-alternatives "$1"/usr/bin/update-alternatives "$1"/var/lib/dpkg "$1"/etc/dpkg "$1"/usr/share/dpkg "$1"/var/cache/debconf "$1"/var/log/* "$1"/usr/bin/cpan* "$1"/usr/bin/debconf* "$1"/usr/share/perl5/CPAN* "$1"/usr/share/perl/5.36*/CPAN*' \
   --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
-  bookworm "$work/rootfs.tar"
+  bookworm "$work/rootfs.tar" ${BQ_DEBIAN_MIRROR:+"$BQ_DEBIAN_MIRROR"}
 previous=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 "$DOCKER" import \
   --change 'USER 65534:65534' \
