@@ -166,6 +166,22 @@ def _api(docker_host: str) -> Any:
     return docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=API_TIMEOUT_S)
 
 
+def _close_attached(attached: Any) -> None:
+    """Release the attach stream's descriptor now, not at garbage collection.
+
+    The SDK keeps the HTTP response on the ``SocketIO`` (``_response``); a
+    plain ``socket.close()`` while those still hold io references only marks
+    the socket closed and leaves the descriptor open (ResourceWarning later).
+    So: the response, then the wrapper, then the socket.
+    """
+    raw = _raw_socket(attached)
+    response = getattr(attached, "_response", None)
+    for close in (getattr(response, "close", None), getattr(attached, "close", None), raw.close):
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+
 def _raw_socket(attached: Any) -> Any:
     """The plain socket under the SDK's attach object (a ``SocketIO`` on unix://)."""
     return getattr(attached, "_sock", attached)
@@ -311,8 +327,7 @@ class ContainerAgent:
         if self._terminal is not None:
             self._terminal.restore()
             self._terminal = None
-        with contextlib.suppress(Exception):
-            _raw_socket(self._attached).close()
+        _close_attached(self._attached)
 
         def remove() -> None:
             with contextlib.suppress(Exception):
@@ -341,6 +356,7 @@ async def start_container_agent(
     def create() -> tuple[Any, str, Any]:
         api = _api(docker_host)
         container_id = ""
+        attached: Any = None
         try:
             created = api.create_container_from_config(body, name)
             container_id = created["Id"]
@@ -349,6 +365,8 @@ async def start_container_agent(
             api.start(container_id)
             return api, container_id, attached
         except Exception as exc:
+            if attached is not None:
+                _close_attached(attached)
             if container_id:
                 with contextlib.suppress(Exception):
                     api.remove_container(container_id, force=True, v=True)
