@@ -232,3 +232,44 @@ def test_the_action_runs_the_example_for_real(tmp_path):
     assert output.read_text(encoding="utf-8") == "exit-code=0\n"
     text = summary.read_text(encoding="utf-8")
     assert "example/widgets" in text
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_install_step_on_a_prepared_debian_host_changes_nothing_it_need_not(tmp_path):
+    """The install step, run for real into a fresh venv on this (Debian) machine.
+
+    The packages are there and runsc is registered, so it must install the
+    project, leave ``/etc/docker/daemon.json`` byte-identical, not restart
+    dockerd, and leave the images up to date.
+    """
+    require_engine()
+    import venv
+
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    daemon_json = Path("/etc/docker/daemon.json")
+    before = daemon_json.read_bytes() if daemon_json.exists() else None
+    dockerd = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (env_dir / "bin" / "bounded-query-harness").exists()
+    after = daemon_json.read_bytes() if daemon_json.exists() else None
+    assert after == before
+    assert subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout == (
+        dockerd.stdout
+    )
+    assert "up to date" in result.stderr
