@@ -194,7 +194,11 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
         ensure_broker_image(prepared.docker_host)
         out_dir.mkdir(parents=True, exist_ok=True)
         document = compose_document(
-            prepared.paths, prepared.config, prepared.run_id, workspace=options.workspace
+            prepared.paths,
+            prepared.config,
+            prepared.run_id,
+            workspace=options.workspace,
+            isolated_storage=os.path.ismount(prepared.paths.workspaces_dir),
         )
         write_compose_file(compose_file, document, prepared.paths)
         state = {

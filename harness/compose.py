@@ -245,8 +245,17 @@ def compose_document(
     *,
     docker_socket: str = "/var/run/docker.sock",
     workspace: Path | None = None,
+    isolated_storage: bool = True,
 ) -> dict[str, Any]:
     """The compose project: broker service and example agent service.
+
+    ``isolated_storage``: ``work/`` is the harness's quota mount (root), so
+    the broker service gets ``SYS_ADMIN`` and an ``rshared`` bind of it to
+    mount each invocation's own tmpfs (issue 9). Without it (a harness that
+    is not root) neither is given: an ``rshared`` bind of a directory that is
+    not a shared mount would fail ``compose up``; the run is degraded instead
+    (the broker keeps the shared workspace, and the channel policy refuses
+    mixed public and metered runs).
 
     The agent service is confined like ``run``'s agent container (issue 8):
     a non-root user, every capability dropped, no-new-privileges, its own
@@ -262,6 +271,22 @@ def compose_document(
     if workspace is not None:
         agent_volumes.append(f"{workspace}:{workspace}:rw")
         agent_extra["working_dir"] = str(workspace)
+    # issue 9: the broker mounts each invocation's own tmpfs below work/
+    # (sandbox/storage.py); rshared carries those mounts to the host, where
+    # the engine binds them; SYS_ADMIN is for mount(2) only (the broker
+    # already holds the Docker socket, which is root on the host anyway).
+    storage_volumes: list[Any] = []
+    storage_caps: dict[str, Any] = {}
+    if isolated_storage:
+        storage_volumes.append(
+            {
+                "type": "bind",
+                "source": str(paths.workspaces_dir),
+                "target": str(paths.workspaces_dir),
+                "bind": {"propagation": "rshared"},
+            }
+        )
+        storage_caps["cap_add"] = ["SYS_ADMIN"]
     private = str(paths.private_root)
     ready = str(paths.ready_file)
     healthcheck = f"import os, sys; sys.exit(0 if os.path.exists({ready!r}) else 1)"
@@ -279,19 +304,9 @@ def compose_document(
                     f"{paths.seeds_dir}:{paths.seeds_dir}:ro",
                     f"{paths.socket_dir}:{paths.socket_dir}:rw",
                     f"{docker_socket}:/var/run/docker.sock:rw",
-                    # issue 9: the broker mounts each invocation's own tmpfs
-                    # below work/ (sandbox/storage.py); rshared carries those
-                    # mounts to the host, where the engine binds them
-                    {
-                        "type": "bind",
-                        "source": str(paths.workspaces_dir),
-                        "target": str(paths.workspaces_dir),
-                        "bind": {"propagation": "rshared"},
-                    },
+                    *storage_volumes,
                 ],
-                # mount(2) for those tmpfs mounts only; the broker already
-                # holds the Docker socket, which is root on the host anyway
-                "cap_add": ["SYS_ADMIN"],
+                **storage_caps,
                 "healthcheck": {
                     "test": ["CMD", "/usr/bin/python3", "-c", healthcheck],
                     "interval": "1s",
@@ -438,7 +453,10 @@ def compose_broker_starter(project: str | None) -> Any:
         await trio.to_thread.run_sync(ensure_broker_image, docker_host)
         compose_file = paths.private_root / "docker-compose.yml"
         name = project or f"bq{paths.private_root.name[-16:]}"
-        document = compose_document(paths, _config_from_doc(config_doc), config_doc["runId"])
+        isolated = await trio.to_thread.run_sync(os.path.ismount, paths.workspaces_dir)
+        document = compose_document(
+            paths, _config_from_doc(config_doc), config_doc["runId"], isolated_storage=isolated
+        )
         write_compose_file(compose_file, document, paths)
         await trio.to_thread.run_sync(
             lambda: run_compose(name, compose_file, docker_host, "up", "-d", BROKER_SERVICE)
