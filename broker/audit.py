@@ -89,6 +89,7 @@ __all__ = [
     "admit",
     "format_record",
     "format_summary",
+    "iso_utc",
     "sanitize_detail",
     "truncation_marker",
 ]
@@ -147,14 +148,17 @@ def _wall() -> float:
     return round(time.time(), 3)
 
 
-def _iso(wall: float | None) -> str:
-    moment = datetime.fromtimestamp(_wall() if wall is None else wall, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso_utc(ts: float) -> str:
+    """``ts`` (seconds since the epoch) as ISO-8601 UTC with milliseconds (pure)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _line(obj: dict[str, object], wall: float | None) -> bytes:
     """One audit line: the type and timestamp first, then ``obj`` (pure but the clock)."""
-    head: dict[str, object] = {"_schema": AUDIT_SCHEMA, "timestamp": _iso(wall)}
+    head: dict[str, object] = {
+        "_schema": AUDIT_SCHEMA,
+        "timestamp": iso_utc(_wall() if wall is None else wall),
+    }
     return json.dumps({**head, **obj}, separators=(",", ":")).encode() + b"\n"
 
 

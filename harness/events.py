@@ -25,9 +25,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
+
+from bounded_query.broker.audit import iso_utc
 
 __all__ = ["EVENT_SCHEMA", "EventSink", "append_step_summary", "schema_path"]
 
@@ -41,10 +42,6 @@ def schema_path(record_type: str = EVENT_SCHEMA) -> Path:
     """The shipped JSON Schema file of ``record_type`` (``name/vN``)."""
     name, _, version = record_type.partition("/")
     return Path(__file__).parent / "schemas" / f"{name}.{version}.schema.json"
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class EventSink:
@@ -89,7 +86,7 @@ class EventSink:
         """Write one event line; never raises on a broken stream."""
         record: dict[str, Any] = {
             "_schema": EVENT_SCHEMA,
-            "timestamp": _iso(self._clock()),
+            "timestamp": iso_utc(self._clock()),
             "event": event,
         }
         record.update((k, self._clean(v)) for k, v in fields.items() if k not in _RESERVED)

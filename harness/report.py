@@ -27,11 +27,11 @@ from .paths import RunPaths
 from .summary import RunUsage, render_summary, usage_from_state
 
 __all__ = [
-    "KEPT_FILES",
     "REPORT_SCHEMA",
     "KeptState",
     "keep_state",
     "load_state",
+    "read_optional",
     "report_document",
     "report_markdown",
 ]
@@ -48,7 +48,8 @@ class KeptState:
     runtime: str
 
 
-def _read(path: Path) -> bytes | None:
+def read_optional(path: Path) -> bytes | None:
+    """The file's bytes, or None when it cannot be read (a missing state file is a note)."""
     try:
         return path.read_bytes()
     except OSError:
@@ -66,16 +67,15 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
 
 
 def _kept_files(paths: RunPaths) -> tuple[Path, ...]:
+    """What ``run --keep-state`` copies: the accounting and its explanation,
+    never a seed, a workspace or the socket."""
     return (paths.seed_map, paths.broker_config, paths.journal, paths.audit_log)
 
 
-#: What ``run --keep-state DIR`` copies, relative to the private root: the
-#: accounting and its explanation, never a seed, a workspace or the socket.
-KEPT_FILES = tuple(str(p.relative_to("/r")) for p in _kept_files(RunPaths(Path("/r"), Path("/i"))))
-
-
 def keep_state(paths: RunPaths, target: Path) -> list[str]:
-    """Copy the run's :data:`KEPT_FILES` into ``target`` (teardown, broker stopped).
+    """Copy the run's seed map, broker config, journal and audit log into ``target``.
+
+    Called at teardown, after the broker stopped.
 
     ``target`` is created with mode 0700 (it must not exist, or be an empty
     directory); the copies are 0600. Returns the relative names copied; a
@@ -114,7 +114,7 @@ def load_state(private_root: Path) -> KeptState:
         raise FileNotFoundError(f"{private_root} is not a directory")
     paths = RunPaths(private_root, private_root)
     notes: list[str] = []
-    seed_map = _json_object(_read(paths.seed_map))
+    seed_map = _json_object(read_optional(paths.seed_map))
     repos: list[tuple[str, str]] = []
     entries = seed_map.get("repos") if seed_map else None
     if isinstance(entries, list):
@@ -125,12 +125,12 @@ def load_state(private_root: Path) -> KeptState:
                     repos.append((repo, sensitivity))
     else:
         notes.append("the seed map is missing or unreadable; no repository is listed")
-    broker = _json_object(_read(paths.broker_config))
+    broker = _json_object(read_optional(paths.broker_config))
     runtime = broker.get("runtime") if broker else None
     if not isinstance(runtime, str):
         notes.append("the broker configuration is missing or unreadable; the runtime is unknown")
         runtime = "unknown"
-    usage = usage_from_state(repos, _read(paths.journal), _read(paths.audit_log))
+    usage = usage_from_state(repos, read_optional(paths.journal), read_optional(paths.audit_log))
     if notes:
         usage = dataclasses.replace(usage, notes=(*notes, *usage.notes))
     return KeptState(usage, runtime)

@@ -103,7 +103,7 @@ from .preflight import (
 )
 from .progress import AuditFollower, drain, follow_audit
 from .quota import mount_work_quota, unmount_work_quota
-from .report import keep_state
+from .report import keep_state, read_optional
 from .staging import SeedSpec, StagedSeed, StagingError, create_private_root, stage_seeds
 from .summary import render_summary, usage_from_state
 from .sweep import MODE_COMPOSE, MODE_RUN, current_owner, sweep_stale_roots, write_owner_record
@@ -305,13 +305,6 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
         return removed
     finally:
         client.close()
-
-
-def _read_optional(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
 
 
 @dataclass
@@ -655,7 +648,7 @@ def _summarize(
         return
     repos = [(r.repo, r.sensitivity) for r in state.config.private_repos]
     usage = usage_from_state(
-        repos, _read_optional(state.paths.journal), _read_optional(state.paths.audit_log)
+        repos, read_optional(state.paths.journal), read_optional(state.paths.audit_log)
     )
     for repo in usage.repos:
         sink.emit(
