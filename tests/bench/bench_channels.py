@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import secrets
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -40,35 +39,14 @@ from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
 
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
-    IMAGE,
+    evict_probe_files,
+    image_root,
     make_seed,
     new_invocation,
     read_answer,
     remove_seed,
     settings,
 )
-
-
-def image_root() -> Path:
-    """Host directory of the query image's (single) layer."""
-    out = subprocess.run(
-        ["docker", "image", "inspect", IMAGE, "--format", "{{json .GraphDriver.Data}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    data = json.loads(out)
-    return Path(data.get("UpperDir") or data["LowerDir"].split(":")[0])
-
-
-def evict(root: Path) -> None:
-    """Drop the probe files' pages from the host page cache (trusted side)."""
-    for path in channels.CACHE_FILES:
-        fd = os.open(root / path.lstrip("/"), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 @contextlib.contextmanager
@@ -113,7 +91,7 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
             await runner.warm([seed])
             for _ in range(count):
                 if evict_cache:
-                    evict(root)
+                    evict_probe_files(root)
                 secret = secrets.randbelow(2**channels.BITS)
                 enc = new_invocation(cfg, work, seed, channels.encoder(secret))
                 report = await runner.run(enc)

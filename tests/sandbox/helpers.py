@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -104,3 +105,27 @@ def leftover_volumes(client, run_id: str, *, role: str | None = None) -> list[st
     return sorted(
         v.name for v in found if role is None or v.attrs["Labels"].get("bounded-query.role") == role
     )
+
+
+def image_root() -> Path:
+    """Host directory of the query image's (single) layer."""
+    out = subprocess.run(
+        ["docker", "image", "inspect", IMAGE, "--format", "{{json .GraphDriver.Data}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    data = json.loads(out)
+    return Path(data.get("UpperDir") or data["LowerDir"].split(":")[0])
+
+
+def evict_probe_files(root: Path) -> None:
+    """Drop the channel probe files' pages from the host page cache (trusted side)."""
+    from tests.sandbox.channels import CACHE_FILES
+
+    for path in CACHE_FILES:
+        fd = os.open(root / path.lstrip("/"), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)

@@ -27,9 +27,7 @@ accepts it degraded (harness/channel_policy.py).
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,8 +39,9 @@ from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
 
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
-    IMAGE,
     RUNTIMES,
+    evict_probe_files,
+    image_root,
     leftover_containers,
     leftover_volumes,
     new_invocation,
@@ -57,39 +56,19 @@ TRIALS = 16
 RUNC_RESIDUAL = frozenset({"pipe/socket inode counter"})
 
 
-def _image_root() -> Path:
-    out = subprocess.run(
-        ["docker", "image", "inspect", IMAGE, "--format", "{{json .GraphDriver.Data}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    data = json.loads(out)
-    return Path(data.get("UpperDir") or data["LowerDir"].split(":")[0])
-
-
-def _evict(root: Path) -> None:
-    for path in channels.CACHE_FILES:
-        fd = os.open(root / path.lstrip("/"), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 async def _trials(engine, runtime: str, seed: Path, work: Path):
     # Room for the encoder's pipes and files under gVisor's sentry (256 MiB
     # OOM-killed it now and then); the channels do not depend on the limit.
     cfg = settings(runtime, memory=1024**3)
     runner = DockerRunner(cfg)
-    root = _image_root()
+    root = image_root()
     secret_list: list[int] = []
     observations: list[dict[str, float]] = []
     try:
         assert await runner.warm([seed]) == {str(seed): True}
         assert runner.page_cache_pinned is True
         for _ in range(TRIALS):
-            await trio.to_thread.run_sync(_evict, root)
+            await trio.to_thread.run_sync(evict_probe_files, root)
             secret = secrets.randbelow(2**channels.BITS)
             enc = new_invocation(cfg, work, seed, channels.encoder(secret))
             report = await runner.run(enc)
