@@ -90,7 +90,20 @@ def proc_holders(needle: bytes, skip: set[int]) -> list[str]:
 
 
 #: Staging children: the clone and its helpers (the only ones that may hold it).
-STAGING_PROGRAMS = (b"git", b"git-remote-http", b"git-remote-https")
+#: ``askpass.sh`` is the staging askpass helper git runs (``/bin/sh askpass.sh
+#: PROMPT``); it inherits git's environment, so it holds the token as git does.
+STAGING_PROGRAMS = (b"git", b"git-remote-http", b"git-remote-https", b"askpass.sh")
+
+
+def program_of(cmdline: bytes) -> bytes:
+    """The program a command line runs: argv[0]'s name, or the script a shell runs."""
+    argv = cmdline.split(b"\0")
+    program = os.path.basename(argv[0])
+    if program in (b"sh", b"dash", b"bash") and len(argv) > 1:
+        script = os.path.basename(argv[1])
+        if script == b"askpass.sh":
+            return script
+    return program
 
 
 class TokenWatch(threading.Thread):
@@ -120,7 +133,7 @@ class TokenWatch(threading.Thread):
                     for name, data in (("environ", environ), ("cmdline", before + after))
                     if self.needle in data
                 ]
-                programs = [os.path.basename(c.split(b"\0")[0]) for c in (before, after)]
+                programs = [program_of(c) for c in (before, after)]
                 staging = [p for p in programs if p in STAGING_PROGRAMS]
                 program = staging[0] if staging else programs[-1]
                 for part in parts:
