@@ -13,7 +13,6 @@ Diagnostics go to stderr as single JSON lines and never contain request data.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import resource
@@ -84,8 +83,9 @@ def run_server(config_path: Path, runner_factory: object = None) -> int:
         runner: Runner
         if runner_factory is None:
             # Imported lazily: the sandbox pulls in the docker SDK.
-            sandbox = importlib.import_module("bounded_query.sandbox")
-            runner = sandbox.create_runner(config.runner_settings())
+            from bounded_query.sandbox import create_runner
+
+            runner = create_runner(config.runner_settings())
         else:
             assert callable(runner_factory)
             runner = runner_factory(config)

@@ -22,7 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from bounded_query.broker.protocol import is_valid_slug
-from bounded_query.broker.runner import RunnerSettings, parse_memory_limit
+from bounded_query.broker.protocol.policy import (
+    MAX_INVOCATIONS,
+    MAX_TIMEOUT_S,
+    MIN_INVOCATIONS,
+    MIN_TIMEOUT_S,
+    RUN_BUDGETS,
+    RUNTIMES,
+    parse_memory_limit,
+)
+from bounded_query.broker.runner import RunnerSettings
 
 __all__ = [
     "BUDGET_BITS",
@@ -41,18 +50,10 @@ __all__ = [
 #: Environment variable naming the config file when ``--config`` is absent.
 CONFIG_ENV = "BOUNDED_QUERY_BROKER_CONFIG"
 
-#: Run budget per sensitivity in bits (spec 14.1); None means unmetered.
-BUDGET_BITS: Mapping[str, int | None] = {
-    "public": None,
-    "internal": 64,
-    "confidential": 8,
-    "sealed": 0,
-}
+#: Run budget per sensitivity in bits (spec 14.1); None means unmetered
+#: (policy.RUN_BUDGETS, under the name this module's importers use).
+BUDGET_BITS: Mapping[str, int | None] = RUN_BUDGETS
 SENSITIVITIES = frozenset(BUDGET_BITS)
-
-#: Runtimes spec 14.2 names; "sbx" is accepted here and refused by the runner
-#: factory (fail-closed preview).
-RUNTIMES = frozenset({"docker", "gvisor", "sbx"})
 
 #: Config and seed-map files are small; a larger file is not ours.
 MAX_CONFIG_FILE_BYTES = 1 << 20
@@ -221,12 +222,16 @@ def parse_config(obj: object) -> BrokerConfig:
         raise ConfigError(f"config.runtime: expected one of {sorted(RUNTIMES)}")
     timeout = _require(obj, "timeout", int, "config")
     assert isinstance(timeout, int)
-    if not 1 <= timeout <= 540:
-        raise ConfigError("config.timeout: must be 1-540 seconds (spec 14.2)")
+    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"config.timeout: must be {MIN_TIMEOUT_S}-{MAX_TIMEOUT_S} seconds (spec 14.2)"
+        )
     max_inv = _require(obj, "maxInvocations", int, "config")
     assert isinstance(max_inv, int)
-    if not 1 <= max_inv <= 10000:
-        raise ConfigError("config.maxInvocations: must be 1-10000 (spec 14.2)")
+    if not MIN_INVOCATIONS <= max_inv <= MAX_INVOCATIONS:
+        raise ConfigError(
+            f"config.maxInvocations: must be {MIN_INVOCATIONS}-{MAX_INVOCATIONS} (spec 14.2)"
+        )
     memory = _require(obj, "memoryLimit", str, "config")
     assert isinstance(memory, str)
     try:

@@ -30,8 +30,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+# Re-exported: the runner boundary's importers name them here (one source:
+# protocol/policy.py).
+from bounded_query.broker.protocol.policy import (
+    DEFAULT_DOCKER_HOST,
+    LABEL_INVOCATION,
+    LABEL_RUN,
+    MAX_MEMORY_BYTES,
+    MIN_MEMORY_BYTES,
+    parse_memory_limit,
+)
+
 __all__ = [
     "FAILURE_CATEGORIES",
+    "LABEL_INVOCATION",
+    "LABEL_RUN",
+    "MAX_MEMORY_BYTES",
+    "MIN_MEMORY_BYTES",
     "RESULT_FILE_NAME",
     "Invocation",
     "RunReport",
@@ -103,40 +118,6 @@ class RunReport:
             raise ValueError(f"unknown runner failure category {self.failure!r}")
 
 
-#: Label keys every query container carries, so stragglers can be found and
-#: removed by run (reconcile) and by invocation (per-invocation cleanup).
-LABEL_RUN = "bounded-query.run"
-LABEL_INVOCATION = "bounded-query.invocation"
-
-_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-#: Smallest memory limit Docker accepts for a container (6 MiB).
-MIN_MEMORY_BYTES = 6 * 1024**2
-#: Largest memory limit we accept for a query (64 GiB): a sanity cap, not a
-#: security bound; the machine class has 24 GiB.
-MAX_MEMORY_BYTES = 64 * 1024**3
-
-
-def parse_memory_limit(text: str) -> int:
-    """Parse a Docker-style memory limit (``"512m"``, ``"1g"``) into bytes (spec 14.2).
-
-    Accepts a plain decimal integer with an optional unit ``b``, ``k``, ``m``
-    or ``g`` (case-insensitive). Raises ValueError (configuration fault) for
-    anything else or for a value outside [6 MiB, 64 GiB].
-    """
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
-    body = text.lower()
-    unit = body[-1] if body[-1] in "bkmg" else ""
-    digits = body[: len(body) - len(unit)]
-    # isdigit() alone accepts non-ASCII digits; the length check keeps int() cheap.
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 15):
-        raise ValueError(f"memoryLimit {text!r}: expected a number with unit b, k, m or g")
-    value = int(digits) * _MEMORY_UNITS[unit]
-    if not MIN_MEMORY_BYTES <= value <= MAX_MEMORY_BYTES:
-        raise ValueError(f"memoryLimit {text!r}: must be between 6m and 64g")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class RunnerSettings:
     """Trusted runner configuration, derived only from the broker's config file.
@@ -150,7 +131,7 @@ class RunnerSettings:
     image: str
     timeout_s: int
     memory_bytes: int
-    docker_host: str = "unix:///var/run/docker.sock"
+    docker_host: str = DEFAULT_DOCKER_HOST
     host_path_map: tuple[tuple[str, str], ...] = ()
 
 

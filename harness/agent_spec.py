@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 
 from .paths import PRIVATE_PREFIX
 from .preflight import TOKEN_VARIABLES
@@ -56,13 +56,12 @@ AGENT_NETWORK_DEFAULT = "bridge"
 #: The agent container's PATH after the wrapper directory (the image's own
 #: binaries; the host's PATH names host directories that are not mounted).
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#: Labels: the run (shared with the query containers, so teardown's
-#: reconciliation removes the agent too), the role, and the harness that owns
-#: it (an owner record document, so the next run's sweep can tell whether
-#: that harness is gone, ``sweep.py``).
-LABEL_ROLE = "bounded-query.role"
+#: Labels (policy.LABEL_RUN, LABEL_ROLE, LABEL_OWNER): the run (shared with
+#: the query containers, so teardown's reconciliation removes the agent too),
+#: the role (this value), and the harness that owns it (an owner record
+#: document, so the next run's sweep can tell whether that harness is gone,
+#: ``sweep.py``).
 ROLE_AGENT = "agent"
-LABEL_OWNER = "bounded-query.owner"
 #: Besides the staging credentials (spec 14.8): the Docker client's
 #: configuration (the agent gets no engine).
 _DROPPED_PREFIXES = ("DOCKER_",)

@@ -36,6 +36,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from bounded_query.broker.protocol import policy
+
 from .config import RUN_BUDGETS, Problem
 
 __all__ = [
@@ -88,13 +90,13 @@ def channel_decision(
     if not mixes_sensitivity(sensitivities):
         return ChannelDecision()
     open_channels: tuple[str, ...] = ()
-    if runtime != "gvisor":
+    if runtime != policy.RUNTIME_GVISOR:
         open_channels += RUNC_CHANNELS
     if not isolated_storage:
         open_channels += SHARED_STORAGE_CHANNELS
     if not open_channels:
         return ChannelDecision()
-    where = "runc" if runtime != "gvisor" else "this host"
+    where = "runc" if runtime != policy.RUNTIME_GVISOR else "this host"
     listed = "; ".join(open_channels)
     if allow_mixed:
         return ChannelDecision(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 
 from .config import BoundedQueriesConfig
 from .paths import RunPaths
@@ -59,7 +60,7 @@ __all__ = [
 BROKER_IMAGE = "bounded-query-broker:latest"
 BROKER_SERVICE = "bounded-query-broker"
 AGENT_SERVICE = "agent"
-QUERY_IMAGE = "bounded-query-python:latest"
+QUERY_IMAGE = DEFAULT_IMAGE
 #: Where the agent service sees its two mounts (spec 14.8).
 AGENT_SOCKET_DIR = "/run/awf-bounded-query"
 AGENT_SKILL_DIR = "/run/awf-bounded-query-skill"

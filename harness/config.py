@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from bounded_query.broker.protocol import policy
 from jsonschema import Draft202012Validator, validators
 
 __all__ = [
@@ -63,26 +64,14 @@ SCHEMA_PATH = Path(__file__).with_name("bounded-queries.schema.json")
 #: (a real one is a few kilobytes; this only bounds parser work).
 MAX_CONFIG_BYTES = 1024 * 1024
 #: Sensitivity classes and their run budgets in bits (spec 14.1); None means
-#: unmetered.
-RUN_BUDGETS: Mapping[str, int | None] = {
-    "public": None,
-    "internal": 64,
-    "confidential": 8,
-    "sealed": 0,
-}
-SENSITIVITIES = tuple(RUN_BUDGETS)
+#: unmetered. These and the next three are the policy module's (one source).
+RUN_BUDGETS: Mapping[str, int | None] = policy.RUN_BUDGETS
+SENSITIVITIES = policy.SENSITIVITIES
 #: Defaults of spec 14.2.
-DEFAULTS: Mapping[str, Any] = {
-    "enabled": False,
-    "runtime": "docker",
-    "timeout": 30,
-    "memoryLimit": "512m",
-    "interpreter": "python3",
-    "maxInvocations": 32,
-}
+DEFAULTS: Mapping[str, Any] = policy.DEFAULTS
 #: The owner/repo slug rule, matched against the whole string with
 #: ``fullmatch`` (the schema file carries the same rule as a ``pattern``).
-SLUG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/(?!\.\Z)(?![^/]*\.\.)[A-Za-z0-9._-]{1,100}")
+SLUG_RE = policy.SLUG_RE
 _SLUG_HINT = (
     'use a bare "owner/repo" slug (letters, digits, "-" in the owner; letters, '
     'digits, ".", "_", "-" in the name; no "://", "..", "?", "#", "*" or extra "/")'
@@ -130,13 +119,13 @@ class PrivateRepo:
 class BoundedQueriesConfig:
     """The normalized section. Values are checked by :mod:`.preflight`."""
 
-    enabled: bool = False
+    enabled: bool = policy.DEFAULT_ENABLED
     private_repos: tuple[PrivateRepo, ...] = ()
-    runtime: str = "docker"
-    timeout: int = 30
-    memory_limit: str = "512m"
-    interpreter: str = "python3"
-    max_invocations: int = 32
+    runtime: str = policy.DEFAULT_RUNTIME
+    timeout: int = policy.DEFAULT_TIMEOUT_S
+    memory_limit: str = policy.DEFAULT_MEMORY_LIMIT
+    interpreter: str = policy.DEFAULT_INTERPRETER
+    max_invocations: int = policy.DEFAULT_MAX_INVOCATIONS
 
     @property
     def slugs(self) -> tuple[str, ...]:
@@ -291,16 +280,26 @@ def _location(path: Iterable[object]) -> str:
     return out
 
 
+def _one_of(names: tuple[str, ...]) -> str:
+    """``"a", "b" or "c"`` (the hints name the policy's values)."""
+    quoted = [f'"{name}"' for name in names]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
 _FIELD_HINTS: Mapping[str, str] = {
     "enabled": "use true or false",
     "privateRepos": 'use a list of {"repo": "owner/repo", "sensitivity": ...} objects',
-    "runtime": 'use "docker", "gvisor" or "sbx"',
-    "timeout": "use a whole number of seconds from 1 to 540",
+    "runtime": "use " + _one_of(policy.RUNTIMES),
+    "timeout": (
+        f"use a whole number of seconds from {policy.MIN_TIMEOUT_S} to {policy.MAX_TIMEOUT_S}"
+    ),
     "memoryLimit": 'use a Docker-style limit such as "512m" or "1g"',
-    "interpreter": 'use "python3" (the only supported interpreter)',
-    "maxInvocations": "use a whole number from 1 to 10000",
+    "interpreter": f'use "{policy.DEFAULT_INTERPRETER}" (the only supported interpreter)',
+    "maxInvocations": (
+        f"use a whole number from {policy.MIN_INVOCATIONS} to {policy.MAX_INVOCATIONS}"
+    ),
     "repo": _SLUG_HINT,
-    "sensitivity": 'use "public", "internal", "confidential" or "sealed"',
+    "sensitivity": "use " + _one_of(policy.SENSITIVITIES),
 }
 
 
@@ -382,7 +381,7 @@ def normalize(section: Mapping[str, Any] | None) -> tuple[BoundedQueriesConfig, 
                 'it is treated as {"repo": "' + entry + '", "sensitivity": "internal"}. '
                 "Write the object form so the sensitivity is explicit."
             )
-            repos.append(PrivateRepo(entry, "internal"))
+            repos.append(PrivateRepo(entry, policy.LEGACY_SENSITIVITY))
         else:
             repos.append(PrivateRepo(entry["repo"], entry["sensitivity"]))
     merged = {**DEFAULTS, **section}

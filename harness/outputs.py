@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bounded_query.broker import protocol
+from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IMAGE
 
 from .config import BoundedQueriesConfig
 from .paths import RunPaths
@@ -38,7 +39,6 @@ __all__ = [
     "write_json_private",
 ]
 
-DEFAULT_IMAGE = "bounded-query-python:latest"
 #: Wrapper sources (as installed) and the names the agent sees on PATH.
 WRAPPER_FILES = {
     "bounded_query.py": "bounded-query",
@@ -76,7 +76,7 @@ def broker_config_doc(
     config: BoundedQueriesConfig,
     *,
     image: str = DEFAULT_IMAGE,
-    docker_host: str = "unix:///var/run/docker.sock",
+    docker_host: str = DEFAULT_DOCKER_HOST,
     host_path_map: Mapping[str, str] | None = None,
     socket_gid: int | None = None,
 ) -> dict[str, Any]:

@@ -13,7 +13,6 @@ never falls back. Any problem aborts the run with exit 2 before staging.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import stat
@@ -23,7 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable, parse_memory_limit
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import (
+    DEFAULT_DOCKER_HOST,
+    DEFAULT_IMAGE,
+    MAX_INVOCATIONS,
+    MAX_TIMEOUT_S,
+    MIN_INVOCATIONS,
+    MIN_TIMEOUT_S,
+    parse_memory_limit,
+)
+from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
 
 from .channel_policy import channel_decision
 from .config import SLUG_RE, BoundedQueriesConfig, Problem
@@ -42,12 +51,6 @@ __all__ = [
     "static_problems",
 ]
 
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-#: The query image (built from Debian packages, never pulled).
-DEFAULT_IMAGE = "bounded-query-python:latest"
-#: The last minute of the 600 s bucket is reserved for cleanup (spec 14.3.1).
-MAX_TIMEOUT_S = 540
-MAX_INVOCATIONS = 10000
 #: Environment variables that may hold the staging credential, in order.
 TOKEN_VARIABLES = ("GH_TOKEN", "GITHUB_TOKEN")
 
@@ -127,18 +130,21 @@ def _repo_problems(config: BoundedQueriesConfig) -> list[Problem]:
 
 def _limit_problems(config: BoundedQueriesConfig) -> list[Problem]:
     problems: list[Problem] = []
-    if not 1 <= config.timeout <= MAX_TIMEOUT_S:
+    if not MIN_TIMEOUT_S <= config.timeout <= MAX_TIMEOUT_S:
         problems.append(
             Problem(
                 "boundedQueries.timeout",
-                f"{config.timeout} s is outside 1-{MAX_TIMEOUT_S}; the last minute of the "
-                "600 s timing bucket is reserved for termination and cleanup",
+                f"{config.timeout} s is outside {MIN_TIMEOUT_S}-{MAX_TIMEOUT_S}; the last "
+                "minute of the 600 s timing bucket is reserved for termination and cleanup",
                 f"use at most {MAX_TIMEOUT_S}",
             )
         )
-    if not 1 <= config.max_invocations <= MAX_INVOCATIONS:
-        problems.append(Problem("boundedQueries.maxInvocations", "outside 1-10000", "use 1-10000"))
-    if config.interpreter != "python3":
+    if not MIN_INVOCATIONS <= config.max_invocations <= MAX_INVOCATIONS:
+        limits = f"{MIN_INVOCATIONS}-{MAX_INVOCATIONS}"
+        problems.append(
+            Problem("boundedQueries.maxInvocations", f"outside {limits}", f"use {limits}")
+        )
+    if config.interpreter not in policy.INTERPRETERS:
         problems.append(
             Problem(
                 "boundedQueries.interpreter",
@@ -150,7 +156,7 @@ def _limit_problems(config: BoundedQueriesConfig) -> list[Problem]:
         parse_memory_limit(config.memory_limit)
     except ValueError as exc:
         problems.append(Problem("boundedQueries.memoryLimit", str(exc), 'use e.g. "512m"'))
-    if config.runtime not in ("docker", "gvisor", "sbx"):
+    if config.runtime not in policy.RUNTIMES:
         problems.append(
             Problem("boundedQueries.runtime", f"unknown runtime {config.runtime!r}", "see 14.2")
         )
@@ -275,7 +281,8 @@ def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem
                     missing_hint(image),
                 )
             )
-        if runtime == "gvisor" and "runsc" not in (info.get("Runtimes") or {}):
+        oci = policy.OCI_RUNTIMES[policy.RUNTIME_GVISOR]
+        if runtime == policy.RUNTIME_GVISOR and oci not in (info.get("Runtimes") or {}):
             problems.append(
                 Problem(
                     "boundedQueries.runtime",
@@ -292,8 +299,9 @@ def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem
 
 async def _gvisor_probe(settings: RunnerSettings) -> list[Problem]:
     try:
-        create_runner = importlib.import_module("bounded_query.sandbox").create_runner
-    except (ImportError, AttributeError) as exc:
+        # Lazily: the sandbox package pulls in the docker SDK's runner code.
+        from bounded_query.sandbox import create_runner
+    except ImportError as exc:
         return [Problem("boundedQueries.runtime", f"gvisor runner unavailable: {exc}", "install")]
     try:
         runner = create_runner(settings)
@@ -311,10 +319,13 @@ async def _gvisor_probe(settings: RunnerSettings) -> list[Problem]:
 
 def sbx_problem() -> Problem:
     """The fail-closed sbx block with the structured capability report (spec 14.2)."""
+    report: Any
     try:
-        report: Any = importlib.import_module("bounded_query.sandbox").sbx_capability_report()
-    except (ImportError, AttributeError):
+        from bounded_query.sandbox import sbx_capability_report
+    except ImportError:
         report = {"supported": False, "reason": "sbx capability probe not installed"}
+    else:
+        report = sbx_capability_report()
     if dataclasses.is_dataclass(report) and not isinstance(report, type):
         report = dataclasses.asdict(report)
     return Problem(
@@ -328,13 +339,13 @@ async def runtime_problems(
     config: BoundedQueriesConfig, docker_host: str, image: str, run_id: str
 ) -> list[Problem]:
     """Prove the configured runtime with the engine (runs in worker threads)."""
-    if config.runtime == "sbx":
+    if config.runtime == policy.RUNTIME_SBX:
         return [sbx_problem()]
     problems = await trio.to_thread.run_sync(_engine_problems, docker_host, image, config.runtime)
-    if problems or config.runtime != "gvisor":
+    if problems or config.runtime != policy.RUNTIME_GVISOR:
         return problems
     settings = RunnerSettings(
-        runtime="gvisor",
+        runtime=policy.RUNTIME_GVISOR,
         run_id=run_id,
         image=image,
         timeout_s=config.timeout,

@@ -174,16 +174,19 @@ def _repo_section(config: BoundedQueriesConfig) -> list[str]:
 def _charge_table(examples: Sequence[Example]) -> list[str]:
     status = protocol.RESULT_STATUS_BIT_COST
     timing = protocol.TIMING_BUCKET_BITS
+    internal = protocol.policy.METERED_BUDGETS["internal"]
+    confidential = protocol.policy.METERED_BUDGETS["confidential"]
     lines = [
         "| schema | cardinality | charge (bits) = status + schema + timing"
-        " | how many fit in 64 bits (`internal`) | in 8 bits (`confidential`) |",
+        f" | how many fit in {internal} bits (`internal`)"
+        f" | in {confidential} bits (`confidential`) |",
         "|---|---:|---:|---:|---:|",
     ]
     for example in examples:
         card, bits = charge_of(example.schema)
         lines.append(
             f"| `{_compact(example.schema)}` | {card} | {status} + {bits - status - timing}"
-            f" + {timing} = **{bits}** | {64 // bits} | {8 // bits} |"
+            f" + {timing} = **{bits}** | {internal // bits} | {confidential // bits} |"
         )
     return lines
 

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from bounded_query.broker.protocol.policy import QUERY_UID
+
 from .config import PrivateRepo
 from .paths import PRIVATE_ROOT_MODE, PRIVATE_ROOT_MODE_ROOT, RunPaths
 
@@ -68,8 +70,6 @@ __all__ = [
     "verify_seed",
 ]
 
-#: The query sandbox's uid/gid (spec 14.7 ``--user 65534:65534``).
-QUERY_UID = 65534
 #: Environment variable through which the clone child gets the credential.
 CREDENTIAL_VARIABLE = "BQ_STAGING_CREDENTIAL"
 #: A clone that takes longer is abandoned (large repositories still fit).
@@ -212,7 +212,11 @@ def remove_tree(path: Path) -> None:
     if os.path.lexists(path):
         if path.is_dir() and not path.is_symlink():
             os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=retry)
+            # onerror is deprecated from 3.12 on; onexc (3.12+) gets the same retry.
+            if sys.version_info >= (3, 12):
+                shutil.rmtree(path, onexc=retry)
+            else:
+                shutil.rmtree(path, onerror=retry)
         else:
             path.unlink()
 

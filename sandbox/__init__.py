@@ -8,6 +8,7 @@ carrying :func:`sbx_capability_report` and never launches anything.
 
 from __future__ import annotations
 
+from bounded_query.broker.protocol.policy import LAUNCHABLE_RUNTIMES, RUNTIME_SBX
 from bounded_query.broker.runner import Runner, RunnerSettings
 
 from .docker_runner import DockerRunner, RunOptions, prepare_workspace
@@ -34,8 +35,8 @@ def create_runner(settings: RunnerSettings) -> Runner:
         RunnerUnavailable: runtime "sbx" (always blocked, with the report).
         ValueError: any other unknown runtime (a configuration bug upstream).
     """
-    if settings.runtime == "sbx":
+    if settings.runtime == RUNTIME_SBX:
         raise sbx_unavailable()
-    if settings.runtime in ("docker", "gvisor"):
+    if settings.runtime in LAUNCHABLE_RUNTIMES:
         return DockerRunner(settings)
     raise ValueError(f"unknown query runtime {settings.runtime!r}")

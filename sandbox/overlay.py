@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bounded_query.broker.protocol.policy import LABEL_ROLE
 from bounded_query.broker.runner import LABEL_INVOCATION, LABEL_RUN, RunnerSettings
 
 from .spec import CONTAINER_ENV, QUERY_GID, QUERY_UID
@@ -52,8 +53,6 @@ __all__ = [
     "seed_volumes",
 ]
 
-#: Extra label telling what a volume or container is for.
-LABEL_ROLE = "bounded-query.role"
 #: Characters that would break overlayfs' comma/colon separated option string.
 OVERLAY_OPTION_FORBIDDEN = frozenset(",:\\\n\t ")
 #: Where the preparation container sees the view being prepared.

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bounded_query.broker.protocol.policy import OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
     LABEL_INVOCATION,
     LABEL_RUN,
@@ -70,12 +71,10 @@ __all__ = [
     "translate_host_path",
 ]
 
-#: The unprivileged identity of every query process ("nobody"/"nogroup").
-QUERY_UID = 65534
-QUERY_GID = 65534
 #: Configured runtime name -> OCI runtime registered with dockerd. "sbx" is
-#: deliberately absent: it is never launched (spec 14.2).
-RUNTIMES: Mapping[str, str] = {"docker": "runc", "gvisor": "runsc"}
+#: deliberately absent: it is never launched (spec 14.2). QUERY_UID/QUERY_GID,
+#: the query's identity, are the policy module's too.
+RUNTIMES: Mapping[str, str] = OCI_RUNTIMES
 #: One CPU: a query is a short, mostly single-threaded Python script, and the
 #: broker serializes invocations on a two-core machine.
 CPU_NANOS = 1_000_000_000

@@ -40,11 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TextIO
 
-__all__ = ["RUN_BUDGETS", "Assessment", "assess", "load_protocol", "main", "render"]
-
-#: Spec 14.1: the metered sensitivities' run budgets in bits. ``public`` is
-#: unmetered and ``sealed`` (0 bits) can never fund any question.
-RUN_BUDGETS: dict[str, int] = {"internal": 64, "confidential": 8, "sealed": 0}
+__all__ = ["Assessment", "assess", "load_protocol", "main", "render", "run_budgets"]
 
 #: The directory name the harness gives its verbatim copy of broker/protocol/.
 SIBLING_PACKAGE = "bq_protocol"
@@ -110,9 +106,17 @@ class Assessment:
     def valid(self) -> bool:
         return self.error is None
 
-    def per_run(self) -> dict[str, int]:
+    def per_run(self, budgets: dict[str, int]) -> dict[str, int]:
         """How many questions of this charge each metered budget funds (14.1)."""
-        return {name: bits // self.charge for name, bits in RUN_BUDGETS.items()}
+        return {name: bits // self.charge for name, bits in budgets.items()}
+
+
+def run_budgets(protocol: ModuleType) -> dict[str, int]:
+    """Spec 14.1: the metered sensitivities' run budgets in bits, from the
+    protocol package's policy module (``public`` is unmetered; ``sealed``'s 0
+    bits never fund a question)."""
+    proto: Any = protocol
+    return {str(name): int(bits) for name, bits in proto.policy.METERED_BUDGETS.items()}
 
 
 def assess(raw: bytes, protocol: ModuleType) -> Assessment:
@@ -144,6 +148,7 @@ def render(result: Assessment, protocol: ModuleType, as_json: bool) -> str:
     proto: Any = protocol
     status_bits = int(proto.RESULT_STATUS_BIT_COST)
     timing_bits = int(proto.TIMING_BUCKET_BITS)
+    budgets = run_budgets(protocol)
     if as_json:
         doc: dict[str, object] = {"valid": result.valid, "schemaBytes": result.raw_bytes}
         if result.error is not None:
@@ -158,7 +163,7 @@ def render(result: Assessment, protocol: ModuleType, as_json: bool) -> str:
                     "statusBits": status_bits,
                     "schemaBits": result.charge - status_bits - timing_bits,
                     "timingBits": timing_bits,
-                    "questionsPerRun": {"public": None, **result.per_run()},
+                    "questionsPerRun": {"public": None, **result.per_run(budgets)},
                 }
             )
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -169,7 +174,7 @@ def render(result: Assessment, protocol: ModuleType, as_json: bool) -> str:
     else:
         card = str(result.cardinality)
     schema_bits = result.charge - status_bits - timing_bits
-    counts = result.per_run()
+    counts = result.per_run(budgets)
     lines = [
         "schema: valid",
         f"size: {result.raw_bytes} bytes (max {int(proto.MAX_SCHEMA_BYTES)})",
@@ -177,10 +182,10 @@ def render(result: Assessment, protocol: ModuleType, as_json: bool) -> str:
         f"charge: {result.charge} bits = {status_bits} status + {schema_bits} schema"
         f" (ceil(log2(cardinality))) + {timing_bits} timing",
         "questions of this charge per run:",
-        f"  internal ({RUN_BUDGETS['internal']} bits): {counts['internal']}",
-        f"  confidential ({RUN_BUDGETS['confidential']} bits): {counts['confidential']}",
+        f"  internal ({budgets['internal']} bits): {counts['internal']}",
+        f"  confidential ({budgets['confidential']} bits): {counts['confidential']}",
         "  public: unmetered (not debited)",
-        "  sealed (0 bits): 0 (never runs)",
+        f"  sealed ({budgets['sealed']} bits): {counts['sealed']} (never runs)",
     ]
     return "\n".join(lines) + "\n"
 

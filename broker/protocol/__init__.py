@@ -14,10 +14,13 @@ Module map:
 * ``_text``       the one canonical JSON string escaping
 * ``_values``     check_output: validation and canonical re-serialization (14.5)
 * ``_request``    Request, parse_request, parse_frame, slugs, base64url (14.2, 14.3)
+* ``policy``      the shared policy facts: budgets, limits, runtimes, labels,
+  defaults, the slug rule, the query uid, memory limits (14.1, 14.2, 14.7)
 """
 
 from __future__ import annotations
 
+from . import policy
 from ._constants import (
     CANONICAL_ERROR_BODY,
     MAX_ARRAY_LENGTH,
@@ -128,5 +131,6 @@ __all__ = [
     "parse_frame",
     "parse_request",
     "parse_schema",
+    "policy",
     "strict_parse_json",
 ]

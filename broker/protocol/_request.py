@@ -38,6 +38,7 @@ from ._constants import (
 from ._errors import JSONError, RequestError, SchemaError
 from ._schema import Schema, parse_schema
 from ._strict_json import strict_parse_json
+from .policy import SLUG_RE
 
 __all__ = [
     "Request",
@@ -49,9 +50,6 @@ __all__ = [
     "parse_request",
 ]
 
-# Owner: a GitHub login; repo: GitHub's repository-name characters. Explicit
-# ASCII classes; used only with fullmatch (``$`` would accept a trailing "\n").
-_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 
 _H_VERSION = b"x-awf-query-version"
@@ -78,11 +76,8 @@ def is_valid_slug(s: object) -> bool:
     no ``..`` anywhere, at most 140 characters; the repo names ``.`` and
     ``..`` are invalid. A trailing newline is not part of a slug.
     """
-    if not isinstance(s, str) or len(s) > MAX_SLUG_CHARS or ".." in s:
-        return False
-    if _SLUG.fullmatch(s) is None:
-        return False
-    return not s.endswith("/.")
+    # The length check first bounds the regex's work (policy.SLUG_RE).
+    return isinstance(s, str) and len(s) <= MAX_SLUG_CHARS and SLUG_RE.fullmatch(s) is not None
 
 
 def check_request_line(method: bytes, target: bytes) -> None:

@@ -90,7 +90,12 @@ def test_assess_valid(schema, card, bits, internal, confidential):
     assert result.cardinality == card
     assert result.charge == bits
     assert not result.saturated
-    assert result.per_run() == {"internal": internal, "confidential": confidential, "sealed": 0}
+    budgets = cost.run_budgets(protocol)
+    assert result.per_run(budgets) == {
+        "internal": internal,
+        "confidential": confidential,
+        "sealed": 0,
+    }
 
 
 def test_assess_saturated():

@@ -499,7 +499,7 @@ def test_descriptions_state_the_protocols_numbers():
         in mcp.QUERY_DESCRIPTION
     )
     assert f"{status} status + ceil(log2(cardinality)) + {timing}" in mcp.COST_DESCRIPTION
-    budgets = cost_tool.RUN_BUDGETS
+    budgets = protocol.policy.METERED_BUDGETS
     assert (
         f"internal {budgets['internal']} bits, confidential {budgets['confidential']},"
         f" sealed {budgets['sealed']}"
