@@ -41,7 +41,7 @@ __all__ = [
 
 #: Wrapper sources (as installed) and the names the agent sees on PATH.
 WRAPPER_FILES = {
-    "bounded_query.py": "bounded-query",
+    "bounded_query_cli.py": "bounded-query",
     "bounded_query_cost.py": "bounded-query-cost",
     "bounded_query_mcp.py": "bounded-query-mcp",
 }

@@ -81,14 +81,10 @@ def load_protocol(here: str | None = None) -> ModuleType:
             del sys.modules[SIBLING_PACKAGE]
             raise
         return module
-    # Run as a file from the source tree, this directory is sys.path[0] and its
-    # bounded_query.py (the wrapper) would shadow the installed package.
-    saved = sys.path[:]
-    sys.path[:] = [p for p in saved if os.path.abspath(p or os.curdir) != directory]
-    try:
-        from bounded_query.broker import protocol
-    finally:
-        sys.path[:] = saved
+    # The installed console script, or this file run from the source tree
+    # (nothing in wrapper/ is named like the package, so nothing shadows it).
+    from bounded_query.broker import protocol
+
     return protocol
 
 

@@ -72,7 +72,6 @@ works.
 
 from __future__ import annotations
 
-import importlib
 import importlib.machinery
 import importlib.util
 import io
@@ -727,8 +726,8 @@ class Session:
 # 6. The sibling modules (the wrapper's transport, the cost tool)
 
 
-def _load_sibling(module_name: str, filenames: tuple[str, ...], package_module: str) -> ModuleType:
-    """Import a sibling by file (the harness's copies have no ``.py``), else the package."""
+def _load_sibling(module_name: str, filenames: tuple[str, ...]) -> ModuleType | None:
+    """Import a sibling by file (the harness's copies have no ``.py``); None if absent."""
     directory = os.path.dirname(os.path.abspath(__file__))
     for filename in filenames:
         path = os.path.join(directory, filename)
@@ -749,25 +748,28 @@ def _load_sibling(module_name: str, filenames: tuple[str, ...], package_module: 
             del sys.modules[module_name]
             raise
         return module
-    return importlib.import_module(package_module)
+    return None
 
 
 def load_wrapper() -> ModuleType:
-    """The ``bounded-query`` wrapper module next to this file."""
-    return _load_sibling(
-        "_bq_mcp_wrapper",
-        ("bounded-query", "bounded_query.py"),
-        "bounded_query.wrapper.bounded_query",
-    )
+    """The ``bounded-query`` wrapper module next to this file, else the installed one."""
+    sibling = _load_sibling("_bq_mcp_wrapper", ("bounded-query", "bounded_query_cli.py"))
+    if sibling is not None:
+        return sibling
+    # Only the installed console script gets here (the copies have siblings).
+    from bounded_query.wrapper import bounded_query_cli
+
+    return bounded_query_cli
 
 
 def load_cost_tool() -> ModuleType:
     """The ``bounded-query-cost`` module next to this file (loads the protocol package)."""
-    return _load_sibling(
-        "_bq_mcp_cost",
-        ("bounded-query-cost", "bounded_query_cost.py"),
-        "bounded_query.wrapper.bounded_query_cost",
-    )
+    sibling = _load_sibling("_bq_mcp_cost", ("bounded-query-cost", "bounded_query_cost.py"))
+    if sibling is not None:
+        return sibling
+    from bounded_query.wrapper import bounded_query_cost
+
+    return bounded_query_cost
 
 
 def real_query(env: dict[str, str]) -> QueryFn:

@@ -164,7 +164,7 @@ def test_skill_shows_the_cost_tools_real_output(paths):
 def test_agent_side_is_read_only_and_verbatim(paths):
     write_agent_side(paths, CONFIG)
     wrapper = paths.wrapper_dir
-    source = REPO_ROOT / "wrapper/bounded_query.py"
+    source = REPO_ROOT / "wrapper/bounded_query_cli.py"
     assert (wrapper / "bounded-query").read_bytes() == source.read_bytes()
     assert (wrapper / "bounded-query-cost").read_bytes() == (
         REPO_ROOT / "wrapper/bounded_query_cost.py"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WRAPPER_FILE = REPO_ROOT / "wrapper" / "bounded_query.py"
+WRAPPER_FILE = REPO_ROOT / "wrapper" / "bounded_query_cli.py"
 COST_FILE = REPO_ROOT / "wrapper" / "bounded_query_cost.py"
 SOCKET_ENV = "AWF_BOUNDED_QUERY_SOCKET"
 DEADLINE_ENV = "BOUNDED_QUERY_WRAPPER_TEST_DEADLINE"

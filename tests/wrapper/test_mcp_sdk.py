@@ -15,7 +15,7 @@ import json
 
 import pytest
 from bounded_query.broker import protocol
-from bounded_query.wrapper import bounded_query as cli
+from bounded_query.wrapper import bounded_query_cli as cli
 from mcp import Client, StdioServerParameters
 
 from tests.wrapper.fakes import Reply, http_reply, recorded_server

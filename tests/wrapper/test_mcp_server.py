@@ -533,14 +533,23 @@ def test_mcp_file_is_stdlib_only_python_3_8_without_relative_imports():
     assert text.startswith('#!/bin/sh\n"""exec" python3 -I "$0" "$@"\n')
     tree = ast.parse(text, feature_version=(3, 8))
     names = set()
+    fallbacks = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0
-            names.add((node.module or "").split(".")[0])
+            if node.module == "bounded_query.wrapper":
+                fallbacks.update(alias.name for alias in node.names)
+            else:
+                names.add((node.module or "").split(".")[0])
     names.discard("__future__")
     assert names <= sys.stdlib_module_names, names - sys.stdlib_module_names
+    # The one exception: without siblings (the installed console script) the
+    # loaders import the installed wrapper modules, inside the functions.
+    assert fallbacks == {"bounded_query_cli", "bounded_query_cost"}
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert all(getattr(n, "module", None) != "bounded_query.wrapper" for n in top_level)
 
 
 def test_installed_copy_runs_isolated_from_the_wrapper_directory(tmp_path):
