@@ -21,12 +21,14 @@ import json
 from importlib import resources
 from typing import Any
 
+from bounded_query.broker.protocol.policy import OCI_RUNTIMES
+
 __all__ = ["PROFILE_NAME", "RUNTIMES", "load_profile", "profile_json"]
 
 #: File name of the profile inside this package.
 PROFILE_NAME = "query.json"
-#: OCI runtimes we have a variant for.
-RUNTIMES = frozenset({"runc", "runsc"})
+#: OCI runtimes we have a variant for: every launchable runtime's (runc, runsc).
+RUNTIMES = frozenset(OCI_RUNTIMES.values())
 
 
 def load_profile(runtime: str = "runc") -> dict[str, Any]:

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bounded_query import seccomp
 from bounded_query.broker import config as broker_config
 from bounded_query.broker import runner
 from bounded_query.broker.protocol import MAX_SLUG_CHARS, TIMING_BUCKETS_MS, is_valid_slug, policy
 from bounded_query.harness import config as harness_config
 from bounded_query.harness import preflight
 from bounded_query.harness.skill import render_skill
+from bounded_query.sandbox import spec
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
 from jsonschema import Draft202012Validator
@@ -94,6 +96,9 @@ def test_every_module_uses_the_policy_objects():
     assert runner.RunnerSettings("docker", "0" * 16, "i", 1, 1).docker_host == (
         policy.DEFAULT_DOCKER_HOST
     )
+    assert seccomp.RUNTIMES == {"runc", "runsc"} == set(policy.OCI_RUNTIMES.values())
+    assert spec.RUNTIMES is policy.OCI_RUNTIMES
+    assert (spec.QUERY_UID, spec.QUERY_GID) == (policy.QUERY_UID, policy.QUERY_GID) == (65534,) * 2
 
 
 def test_budgets():
