@@ -32,6 +32,7 @@ from bounded_query.broker.journal import (
 __all__ = [
     "MIN_CHARGE_BITS",
     "TRANSITIONS",
+    "Admission",
     "InvocationState",
     "JournalInconsistent",
     "Ledger",
@@ -111,6 +112,20 @@ class _Entry:
     state: InvocationState
     repo: str | None
     charge: int | None
+    rejection: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One counted invocation as the ledger knows it (for reports)."""
+
+    invocation_id: str
+    state: InvocationState
+    #: The repository and charge of a launched invocation (None for a rejection).
+    repo: str | None
+    charge: int | None
+    #: The protected category of a rejection counted before launch.
+    rejection: str | None
 
 
 class Ledger:
@@ -142,6 +157,12 @@ class Ledger:
         """A copy of the spent-bits map (lowercased repo -> bits)."""
         return dict(self._spent)
 
+    def admissions(self) -> tuple[Admission, ...]:
+        """Every counted invocation in admission (journal) order."""
+        return tuple(
+            Admission(i, e.state, e.repo, e.charge, e.rejection) for i, e in self._entries.items()
+        )
+
     def in_flight(self) -> list[str]:
         """Invocations without a terminal state, in admission order."""
         return [i for i, e in self._entries.items() if e.state in IN_FLIGHT]
@@ -156,7 +177,9 @@ class Ledger:
         rejected = isinstance(record, Admitted) and record.rejection is not None
         target = next_state(kind, state, rejected=rejected)
         if isinstance(record, Admitted):
-            self._entries[record.invocation_id] = _Entry(target, record.repo, record.charge)
+            self._entries[record.invocation_id] = _Entry(
+                target, record.repo, record.charge, record.rejection
+            )
             self.invocations += 1
             return
         assert entry is not None  # every other kind requires a prior admission

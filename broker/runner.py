@@ -21,6 +21,12 @@ Contract of :meth:`Runner.run`:
 * query-caused failures (timeout, crash, non-zero exit, resource exhaustion)
   are *reported*, never raised; ``run`` raises only on a runner bug, which the
   broker answers with the canonical error like any other failure.
+
+A runner is an async resource: :meth:`Runner.aclose` releases what it holds
+(long-lived containers such as the page-cache pin, the engine client). The
+broker server owns the runner it is given and closes it when ``serve``
+returns; anyone else who creates one closes it too (``async with`` where the
+implementation is a ``trio.abc.AsyncResource``).
 """
 
 from __future__ import annotations
@@ -161,5 +167,14 @@ class Runner(Protocol):
         Returns, for each seed it had something to prepare for, whether that
         worked (empty when there is nothing to prepare). Never raises for a
         seed it cannot prepare (its queries then use a slower path).
+        """
+        ...
+
+    async def aclose(self) -> None:
+        """Release the runner's long-lived resources; idempotent.
+
+        After it returns no container this runner started outside ``run``
+        is left (the page-cache pin) and its engine connection is closed.
+        Never raises on an engine failure (it runs at shutdown).
         """
         ...

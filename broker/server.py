@@ -2,18 +2,23 @@
 
 Theory of operation:
 
-* **Start-up** (:meth:`BrokerServer.serve`): open and replay the journal
-  (a torn tail is truncated and reported; corruption refuses to start), close
-  every invocation found in flight with an ``interrupted`` outcome (never
-  re-run, never refunded), prove the runner works, remove straggler
-  containers (``runner.reconcile``) and stale ``work/*`` directories, bind
-  let the runner prepare the non-sealed seeds (``warm``), bind the
-  socket (directory 0770, socket 0660, optional owner), and only then write
-  the readiness file ``control/ready``.
-* **Serving**: an accept loop hands each connection to its own task, up to
-  a connection cap; an excess connection gets the canonical error (through
-  the refusal gate below) and is closed. Each connection carries one request (``http.py``), then
-  goes through the serialized lane (``service.py``). Transport-level
+* **Start-up** (:meth:`BrokerServer.serve`): open the accounts
+  (``accounts.py``: replay the journal -- a torn tail is truncated and
+  reported, corruption refuses to start -- and close every invocation found
+  in flight with an ``interrupted`` outcome, never re-run, never refunded),
+  prove the runner works, remove straggler containers (``runner.reconcile``)
+  and stale ``work/*`` directories, let the runner prepare the non-sealed
+  seeds (``warm``), bind the socket (directory 0770, socket 0660, optional
+  owner), and only then write the readiness file ``control/ready``.
+* **Serving**: ``trio.serve_listeners`` accepts (it also backs off on the
+  capacity errnos EMFILE, ENFILE, ENOBUFS and ENOMEM) from a
+  :class:`GatedListener` and starts one handler task per connection in the
+  handler nursery. A ``trio.CapacityLimiter`` is the connection cap: a
+  handler that finds no free slot answers the canonical error (through the
+  refusal gate below) and closes; excess connections beyond what was
+  accepted wait in the kernel's listen backlog. Each connection carries one
+  request (``http.py``), then goes through the serialized lane
+  (``service.py``). Transport-level
   refusals (the cap, malformed HTTP) are answered when the lane holder of
   the moment has answered -- at once when the lane is idle -- and then
   counted against maxInvocations like every other response. The refusal
@@ -24,11 +29,13 @@ Theory of operation:
   refusals nor ``100 Continue``; so the client cannot time the broker while
   a query runs.
 * **Stopping** (:meth:`BrokerServer.stop`, wired to SIGTERM/SIGINT by
-  ``__main__``): stop accepting, let the in-flight invocation finish within
-  the grace period (queued requests get the canonical error), then cancel
-  what is left (an invocation cut short is journaled ``interrupted``),
-  reconcile, remove the workspace root's leftovers, the readiness file and
-  the socket.
+  ``__main__``): stop accepting (the accept task is cancelled, which closes
+  the listener), give the handler nursery a cancel deadline of now plus the
+  grace period, so the in-flight invocation may finish (queued requests get
+  the canonical error) and whatever is left at the deadline is cancelled (an
+  invocation cut short is journaled ``interrupted``); then reconcile, remove
+  the workspace root's leftovers, the readiness file and the socket, and
+  close the runner (``Runner.aclose``: the server owns it from ``serve`` on).
 
 There is deliberately no health route: readiness is a file in the
 broker-private control directory, which the agent cannot see.
@@ -38,27 +45,30 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import socket
 import stat
 from pathlib import Path
 
 import trio
+from bounded_query.broker.accounts import Accounts, Recovery, ThreadRunner, open_accounts
+from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog, AuditRecord
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.http import HttpReject, read_request, send_response
-from bounded_query.broker.journal import JournalFile, Outcome
-from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES
 from bounded_query.broker.runner import Runner
-from bounded_query.broker.service import Service, remove_tree, report_bug
+from bounded_query.broker.service import Service, report_bug
+from bounded_query.broker.workspace import WorkspaceOps, remove_tree
 
 __all__ = [
     "DEFAULT_CONNECTION_CAP",
     "DEFAULT_GRACE_S",
     "BrokerServer",
+    "GatedListener",
     "Recovery",
-    "recover",
+    "clear_work_root",
 ]
 
 #: Concurrent connections served; more get the canonical error (gated). Only
@@ -71,37 +81,6 @@ DEFAULT_GRACE_S = 10.0
 LISTEN_BACKLOG = 1024
 #: Time allowed for refusing an excess connection.
 REFUSE_TIMEOUT_S = 1.0
-
-
-class Recovery:
-    """What start-up replay found (for the operator and the tests)."""
-
-    def __init__(self, torn_bytes: int, interrupted: list[str], invocations: int) -> None:
-        self.torn_bytes = torn_bytes
-        self.interrupted = interrupted
-        self.invocations = invocations
-
-
-def recover(config: BrokerConfig) -> tuple[JournalFile, Ledger, Recovery]:
-    """Open and replay the journal; close in-flight invocations (blocking).
-
-    Raises:
-        JournalCorrupt: the journal cannot be trusted; refuse to start.
-        OSError: the private root is not usable (local fault).
-    """
-    journal = JournalFile.open(config.journal_path, config.run_id)
-    try:
-        ledger = Ledger.from_records(journal.replayed)
-        stragglers = ledger.in_flight()
-        if stragglers:
-            records = [Outcome(i, "interrupted", "broker-restart") for i in stragglers]
-            journal.append(records)
-            for record in records:
-                ledger.apply(record)
-    except BaseException:
-        journal.close()
-        raise
-    return journal, ledger, Recovery(journal.torn_bytes, stragglers, ledger.invocations)
 
 
 def clear_work_root(work_root: Path) -> int:
@@ -161,12 +140,42 @@ def _write_ready(path: Path) -> None:
     os.replace(tmp, path)
 
 
+class GatedListener(trio.abc.Listener[trio.SocketStream]):
+    """A listener that accepts only while the refusal gate is open (``service.py``).
+
+    No accept while a query runs: new connections wait in the kernel's listen
+    backlog, and an accept already pending when a request enters the lane is
+    cancelled (nothing is accepted then), so excess connections are only
+    accepted, and answered, while the gate is open. Errors of the inner
+    listener (the capacity errnos included) propagate to
+    ``trio.serve_listeners``.
+    """
+
+    def __init__(self, inner: trio.abc.Listener[trio.SocketStream], service: Service) -> None:
+        self._inner = inner
+        self._service = service
+
+    async def accept(self) -> trio.SocketStream:
+        """The next connection accepted while the gate is open."""
+        while True:
+            await self._service.hold_refusal()
+            with self._service.cancelled_when_gate_closes():
+                return await self._inner.accept()
+            # A request entered the lane first; nothing was accepted.
+
+    async def aclose(self) -> None:
+        """Close the inner listener (idempotent)."""
+        await self._inner.aclose()
+
+
 class BrokerServer:
     """One broker: trusted config, seed map and runner in; a served socket out.
 
     The runner is injected by the caller (``__main__`` builds the sandbox
     runner from configuration; tests pass a fake). Nothing a client sends
-    can choose it.
+    can choose it. :meth:`serve` owns it: it is closed (``aclose``) when
+    ``serve`` returns. ``run_sync`` (blocking work off the event loop) and
+    ``workspace`` (the pipeline's file operations) are injected for tests.
     """
 
     def __init__(
@@ -179,6 +188,8 @@ class BrokerServer:
         grace_s: float = DEFAULT_GRACE_S,
         header_timeout_s: float | None = None,
         body_timeout_s: float | None = None,
+        run_sync: ThreadRunner = trio.to_thread.run_sync,
+        workspace: WorkspaceOps | None = None,
     ) -> None:
         self.config = config
         self.seed_map = seed_map
@@ -190,13 +201,19 @@ class BrokerServer:
             self._timeouts["header_timeout_s"] = header_timeout_s
         if body_timeout_s is not None:
             self._timeouts["body_timeout_s"] = body_timeout_s
+        self._run_sync = run_sync
+        self._workspace = workspace
         self.service: Service | None = None
         self.recovery: Recovery | None = None
-        self.active = 0
+        #: Connections refused at the cap (for tests and benchmarks).
         self.refused = 0
-        self._idle = trio.Event()
-        self._idle.set()
+        self._slots = trio.CapacityLimiter(connection_cap)
         self._stop = trio.Event()
+
+    @property
+    def active(self) -> int:
+        """Connections holding a slot of the connection cap right now."""
+        return self._slots.borrowed_tokens
 
     def stop(self) -> None:
         """Begin a graceful stop (idempotent; safe from a signal-watching task)."""
@@ -210,11 +227,21 @@ class BrokerServer:
             RunnerUnavailable: the runtime cannot run queries.
             OSError: the private root or socket path is unusable.
         """
+        try:
+            await self._serve(task_status)
+        finally:
+            with trio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await self.runner.aclose()
+
+    async def _serve(self, task_status: trio.TaskStatus[None]) -> None:
         config = self.config
+        run_sync = self._run_sync
         # A readiness file left by a killed predecessor must not announce us.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(config.ready_path)
-        journal, ledger, recovery = await trio.to_thread.run_sync(recover, config)
+        accounts, recovery = await open_accounts(
+            config.journal_path, config.run_id, config.max_invocations, run_sync=run_sync
+        )
         self.recovery = recovery
         audit = AuditLog(config.audit_path)
         try:
@@ -224,18 +251,16 @@ class BrokerServer:
                     audit.write(AuditRecord(invocation_id, "interrupted-by-restart"))
             await self.runner.preflight()
             await self.runner.reconcile()
-            await trio.to_thread.run_sync(clear_work_root, config.work_root)
+            await run_sync(clear_work_root, config.work_root)
             await self._warm()
-            self.service = Service(config, self.seed_map, self.runner, journal, ledger, audit)
+            self.service = self._new_service(accounts, audit)
             sock = _bind_socket(config)
-            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            listener = GatedListener(
+                trio.SocketListener(trio.socket.from_stdlib_socket(sock)), self.service
+            )
             try:
-                await trio.to_thread.run_sync(_write_ready, config.ready_path)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._accept_loop, listener, nursery)
-                    task_status.started()
-                    await self._stop.wait()
-                    await self._shutdown(listener, nursery)
+                await run_sync(_write_ready, config.ready_path)
+                await self._accept_until_stopped(listener, task_status)
             finally:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
@@ -248,12 +273,40 @@ class BrokerServer:
                 with contextlib.suppress(Exception):
                     await self.runner.reconcile()
                 with contextlib.suppress(OSError):
-                    await trio.to_thread.run_sync(clear_work_root, config.work_root)
+                    await run_sync(clear_work_root, config.work_root)
                 if self.service is not None:
                     await self.service.flush_refusals()
                     await self.service.flush_audit()
-                journal.close()
+                accounts.close()
                 audit.close()
+
+    def _new_service(self, accounts: Accounts, audit: AuditLog) -> Service:
+        return Service(
+            self.config,
+            self.seed_map,
+            self.runner,
+            accounts,
+            audit,
+            run_sync=self._run_sync,
+            workspace=self._workspace,
+        )
+
+    async def _accept_until_stopped(
+        self, listener: GatedListener, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """Serve connections until :meth:`stop`; then the stop grace as a nursery deadline."""
+        assert self.service is not None
+        serve = functools.partial(trio.serve_listeners, self._handle, [listener])
+        async with trio.open_nursery() as handlers:
+            async with trio.open_nursery() as acceptor:
+                await acceptor.start(functools.partial(serve, handler_nursery=handlers))
+                task_status.started()
+                await self._stop.wait()
+                self.service.accepting = False
+                acceptor.cancel_scope.cancel()  # serve_listeners closes the listener
+            # The in-flight invocation may finish within the grace; whatever is
+            # still running at the deadline is cancelled.
+            handlers.cancel_scope.deadline = trio.current_time() + self.grace_s
 
     async def _warm(self) -> None:
         """Let the runner prepare seeds before we listen.
@@ -270,43 +323,18 @@ class BrokerServer:
         ]
         await self.runner.warm(seeds)
 
-    async def _shutdown(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        assert self.service is not None
-        self.service.accepting = False
-        await listener.aclose()  # the accept loop ends on ClosedResourceError
-        with trio.move_on_after(self.grace_s):
-            await self._idle.wait()
-        nursery.cancel_scope.cancel()
-
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        service = self.service
-        assert service is not None
-        while True:
-            # No accept while a query runs (the refusal gate, service.py): new
-            # connections wait in the kernel's listen backlog, so excess
-            # connections are only accepted, and answered, while it is open.
-            await service.hold_refusal()
-            try:
-                with service.cancelled_when_gate_closes() as pending:
-                    stream = await listener.accept()
-            except trio.ClosedResourceError:
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: back off briefly instead of spinning.
-                    await trio.sleep(0.01)
-                    continue
-                raise  # pragma: no cover - unexpected listener failure
-            if pending.cancelled_caught:
-                continue  # a request entered the lane first; nothing was accepted
-            if self.active >= self.connection_cap:
-                self.refused += 1
-                nursery.start_soon(self._refuse, stream)
-                continue
-            self.active += 1
-            if self.active == 1:
-                self._idle = trio.Event()
-            nursery.start_soon(self._connection, stream)
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        """One accepted connection: take a slot of the cap, or refuse it."""
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            self.refused += 1
+            await self._refuse(stream)
+            return
+        try:
+            await self._connection(stream)
+        finally:
+            self._slots.release()
 
     async def _refuse(self, stream: trio.SocketStream) -> None:
         assert self.service is not None
@@ -342,12 +370,12 @@ class BrokerServer:
             async def send(body: bytes) -> None:
                 await send_response(stream, body)
 
-            await service.handle(request, send)
+            raw = RawRequest(
+                request.method, request.target, request.http_version, request.headers, request.body
+            )
+            await service.handle(raw, send)
         except Exception as exc:
             # A bug must cost one connection, never the server.
             report_bug(exc)
         finally:
             await trio.aclose_forcefully(stream)
-            self.active -= 1
-            if self.active == 0:
-                self._idle.set()

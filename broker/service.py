@@ -1,7 +1,11 @@
 """The invocation pipeline (spec 14.1, 14.3, 14.4, 14.5, 14.7).
 
 Theory of operation: every complete HTTP request enters one serialized lane.
-Inside the lane, in this order:
+The decisions are pure (``admission.py``: :func:`~bounded_query.broker.admission.admit`
+and :func:`~bounded_query.broker.admission.classify`); this module is the
+trio shell that journals what they decide (``accounts.py``), runs the
+runner, moves files in worker threads and keeps the timing. Inside the
+lane, in this order:
 
 1. **count** it against ``maxInvocations`` (every response counts,
    rejections included; a request past the cap is rejected without being
@@ -59,6 +63,11 @@ stopped and cleaned up, but no one waits for that any more. Nothing is
 journaled after the halt (no invocation can run any more, so the cap has
 nothing left to limit); the halt lasts for this broker process.
 
+Collaborators are injected, never patched: the runner, the accounts (with
+their thread runner), the workspace operations (``WorkspaceOps``), the
+thread runner for file work, the wall clock of the audit lines and the id
+generator; trio's own clock times the lane (MockClock in tests).
+
 Every failure is the canonical error; its category goes only to the audit
 log. A journal write failure is a local fault: the service turns *broken*
 and answers every later request with the canonical error (fail closed).
@@ -88,12 +97,13 @@ summary record per interval and at shutdown, so a flood costs O(1) audit
 bytes, and the file itself is capped.
 
 The cap check and the journal append happen under one lock
-(``_journal``), so concurrent refusals and the lane can never count past
-the cap together. Refusals are counted by group commit
-(:meth:`Service.count_refusal`): one ``admitted`` record each, but one
-append and fsync per batch, and only the connection doing the flush waits
-for the disk, so a flood below the cap cannot keep the connection slots busy
-(a valid request right after it is still served).
+(:meth:`Accounts.commit <bounded_query.broker.accounts.Accounts.commit>`),
+so concurrent refusals and the lane can never count past the cap together.
+Refusals are counted by group commit (:meth:`Service.count_refusal`): one
+``admitted`` record each, but one append and fsync per batch, and only the
+connection doing the flush waits for the disk, so a flood below the cap
+cannot keep the connection slots busy (a valid request right after it is
+still served).
 """
 
 from __future__ import annotations
@@ -107,26 +117,15 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
+from bounded_query.broker.accounts import Accounts, CapReached, ThreadRunner
+from bounded_query.broker.admission import Admit, Classified, RawRequest, Reject, admit, classify
 from bounded_query.broker.audit import AuditLog, AuditRecord, RefusalSummary, RefusalTally
-from bounded_query.broker.config import BrokerConfig, SeedEntry, SeedMap
-from bounded_query.broker.http import HttpRequest
-from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome, Record
-from bounded_query.broker.ledger import Ledger, affordable
-from bounded_query.broker.protocol import (
-    CANONICAL_ERROR_BODY,
-    TIMING_BUCKETS_MS,
-    RequestError,
-    Schema,
-    charge,
-    check_output,
-    check_request_line,
-    ok_body,
-    parse_frame,
-)
-from bounded_query.broker.runner import Invocation, Runner
+from bounded_query.broker.config import BrokerConfig, SeedMap
+from bounded_query.broker.journal import Admitted, Outcome
+from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, TIMING_BUCKETS_MS
+from bounded_query.broker.runner import Invocation, Runner, RunReport
 from bounded_query.broker.timing import (
     TOLERANCE_S,
     Landing,
@@ -135,15 +134,12 @@ from bounded_query.broker.timing import (
     sleep_until_staged,
     wait_for_boundary,
 )
-from bounded_query.broker.workspace import read_result_file, remove_tree
+from bounded_query.broker.workspace import WorkspaceOps
 
 __all__ = [
     "BOUNDARIES_S",
-    "CapReached",
     "Decision",
     "Service",
-    "read_result_file",
-    "remove_tree",
     "report_bug",
 ]
 
@@ -151,10 +147,6 @@ __all__ = [
 BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
 
 Sender = Callable[[bytes], Awaitable[None]]
-
-
-class CapReached(Exception):
-    """maxInvocations is reached: nothing more is counted (internal control flow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,33 +167,48 @@ class Decision:
     kind: str | None = None
 
 
+def _rejected(reject: Reject) -> Decision:
+    entry = reject.entry
+    return Decision(
+        CANONICAL_ERROR_BODY,
+        reject.category,
+        entry.sensitivity if entry else None,
+        detail=reject.detail,
+        counted=reject.counted,
+        repo=entry.repo if entry else None,
+        kind=reject.kind,
+    )
+
+
 class Service:
-    """The serialized lane: ledger, journal, runner and timing for each request."""
+    """The serialized lane: accounts, runner and timing for each request."""
 
     def __init__(
         self,
         config: BrokerConfig,
         seed_map: SeedMap,
         runner: Runner,
-        journal: JournalFile,
-        ledger: Ledger,
+        accounts: Accounts,
         audit: AuditLog,
         *,
         boundaries_s: Sequence[float] = BOUNDARIES_S,
         new_id: Callable[[], str] = lambda: secrets.token_hex(16),
+        run_sync: ThreadRunner = trio.to_thread.run_sync,
+        workspace: WorkspaceOps | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.seed_map = seed_map
         self.runner = runner
-        self.journal = journal
-        self.ledger = ledger
+        self.accounts = accounts
         self.audit_log = audit
         self.boundaries_s = tuple(boundaries_s)
         self._new_id = new_id
+        self._run_sync = run_sync
+        self._workspace = workspace or WorkspaceOps()
+        self._wall_clock = wall_clock
         self._lane = trio.Lock()
-        self._journal_lock = trio.Lock()
         self.accepting = True
-        self.broken = False
         #: Trio time of the overflow answer that halted the run, or None.
         self.halted_at: float | None = None
         #: Opens when the current lane holder has sent its answer (refusal gate).
@@ -218,27 +225,15 @@ class Service:
         #: answer, on trio's clock; for benchmarks and tests only.
         self.last_timing: tuple[float, float, Landing | None] | None = None
 
-    # -- durable state ---------------------------------------------------
+    @property
+    def broken(self) -> bool:
+        """True after a journal failure: every later request gets the canonical error."""
+        return self.accounts.broken
 
-    async def _journal(self, records: Sequence[Record], *, sync: bool = True) -> None:
-        """Append (+ fsync), then apply to the ledger, under the journal lock.
+    def _wall(self) -> float:
+        return round(self._wall_clock(), 3)
 
-        Raises:
-            CapReached: the records would count past ``maxInvocations``
-                (nothing was written).
-            OSError: the append failed (the service is then broken).
-        """
-        counted = sum(isinstance(record, Admitted) for record in records)
-        async with self._journal_lock:
-            if counted and self.ledger.invocations + counted > self.config.max_invocations:
-                raise CapReached
-            try:
-                await trio.to_thread.run_sync(self.journal.append, records, sync)
-            except OSError:
-                self.broken = True
-                raise
-            for record in records:
-                self.ledger.apply(record)
+    # -- counting refusals -----------------------------------------------
 
     async def count_refusal(self, reason: str) -> None:
         """Count and audit a transport-level refusal the server already answered.
@@ -253,11 +248,10 @@ class Service:
         so a flood never keeps more than one connection waiting for the disk.
         Never raises on a journal or audit failure.
         """
-        pending = len(self._pending_refusals)
         if (
             self.broken
             or self.halted_at is not None
-            or self.ledger.invocations + pending >= self.config.max_invocations
+            or len(self._pending_refusals) >= self.accounts.room
         ):
             await self.tally(reason)
             return
@@ -280,28 +274,29 @@ class Service:
     async def _count_batch(self, batch: list[str]) -> None:
         """Journal as many of ``batch`` as the cap allows (one append); tally the rest."""
         counted = await self._journal_refusals(batch)
-        wall = round(time.time(), 3)
+        wall = self._wall()
         lines = [AuditRecord(r.invocation_id, r.rejection or "", wall_time=wall) for r in counted]
         if lines:
-            await trio.to_thread.run_sync(self._write_lines, lines)
+            await self._run_sync(self._write_lines, lines)
         for reason in batch[len(counted) :]:
             await self.tally(reason)
 
     async def _journal_refusals(self, batch: list[str]) -> list[Admitted]:
         """The records journaled for the head of ``batch`` (none if broken, halted or full)."""
         while not self.broken and self.halted_at is None:
-            room = max(0, self.config.max_invocations - self.ledger.invocations)
-            records = [Admitted(self._new_id(), rejection=reason) for reason in batch[:room]]
+            records = [Admitted(self._new_id(), rejection=r) for r in batch[: self.accounts.room]]
             if not records:
                 return []
             try:
-                await self._journal(records)
+                await self.accounts.commit(records)
             except CapReached:
                 continue  # the lane took a slot meanwhile: recompute the room
             except OSError:
                 return []  # the service is broken now
             return records
         return []
+
+    # -- audit -----------------------------------------------------------
 
     def _write_lines(self, records: Sequence[AuditRecord]) -> None:
         for record in records:
@@ -312,23 +307,25 @@ class Service:
         """Write one audit line; an audit failure never changes an answer."""
         # A full disk must not change the answer; the journal still holds the truth.
         with contextlib.suppress(OSError):
-            await trio.to_thread.run_sync(self.audit_log.write, record)
+            await self._run_sync(self.audit_log.write, record)
 
     async def tally(self, category: str) -> None:
         """Count one uncounted answer in the audit tally (one summary per interval)."""
-        due = self._tally.add(category, trio.current_time(), round(time.time(), 3))
+        due = self._tally.add(category, trio.current_time(), self._wall())
         if due is not None:
             await self._write_summary(due)
 
     async def flush_audit(self) -> None:
         """Write the pending refusal summary (at shutdown); never raises on I/O."""
-        pending = self._tally.flush(round(time.time(), 3))
+        pending = self._tally.flush(self._wall())
         if pending is not None:
             await self._write_summary(pending)
 
     async def _write_summary(self, summary: RefusalSummary) -> None:
         with contextlib.suppress(OSError):
-            await trio.to_thread.run_sync(self.audit_log.write_summary, summary)
+            await self._run_sync(self.audit_log.write_summary, summary)
+
+    # -- the refusal gate ------------------------------------------------
 
     async def hold_refusal(self) -> None:
         """Wait until the current lane holder has answered (the refusal gate).
@@ -366,7 +363,7 @@ class Service:
 
     # -- the lane --------------------------------------------------------
 
-    async def handle(self, request: HttpRequest, send: Sender) -> None:
+    async def handle(self, request: RawRequest, send: Sender) -> None:
         """Run one request through the lane and send its bucketed answer via ``send``.
 
         If processing is still running at the last boundary plus the
@@ -413,7 +410,7 @@ class Service:
         line = {"event": "broker-halted", "reason": "timing-bucket-overflow"}
         print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
 
-    async def _serve_in_lane(self, request: HttpRequest, send: Sender) -> None:
+    async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
         gate = self._gate = trio.Event()
         for watcher in self._gate_watchers:
@@ -459,7 +456,7 @@ class Service:
                 sensitivity=decision.sensitivity,
                 charge=decision.charge,
                 bucket_ms=bucket_ms,
-                wall_time=round(time.time(), 3),
+                wall_time=self._wall(),
                 detail=decision.detail,
                 repo=decision.repo,
                 kind=decision.kind,
@@ -480,15 +477,26 @@ class Service:
             with trio.CancelScope(shield=True):
                 await send(CANONICAL_ERROR_BODY)
 
-    async def _decide(self, invocation_id: str, request: HttpRequest) -> Decision:
-        if self.broken:
-            return Decision(CANONICAL_ERROR_BODY, "broker-internal", counted=False)
-        if self.ledger.invocations >= self.config.max_invocations:
-            return Decision(CANONICAL_ERROR_BODY, "max-invocations", counted=False)
+    async def _decide(self, invocation_id: str, request: RawRequest) -> Decision:
+        """Admit (pure), journal what it authorizes, run a launch; every fault is a Decision."""
         try:
-            if not self.accepting:
-                return await self._reject(invocation_id, "broker-stopping", None)
-            return await self._admit_and_run(invocation_id, request)
+            verdict = admit(
+                request,
+                self.seed_map,
+                self.accounts.ledger,
+                self.accounts.max_invocations,
+                invocation_id,
+                accepting=self.accepting,
+                broken=self.broken,
+            )
+            if verdict.records:
+                # One durable write authorizes everything that follows: the
+                # count (and for a launch the debit and the launch itself).
+                # Nothing touches a seed before fsync returns.
+                await self.accounts.commit(verdict.records)
+            if isinstance(verdict, Reject):
+                return _rejected(verdict)
+            return await self._launch(invocation_id, verdict)
         except CapReached:
             # A refusal counted meanwhile took the last slot; nothing was written.
             return Decision(CANONICAL_ERROR_BODY, "max-invocations", counted=False)
@@ -502,109 +510,66 @@ class Service:
             report_bug(exc)
             return Decision(CANONICAL_ERROR_BODY, "broker-internal")
 
-    async def _reject(
-        self,
-        invocation_id: str,
-        category: str,
-        entry: SeedEntry | None,
-        detail: str | None = None,
-        kind: str | None = None,
-    ) -> Decision:
-        await self._journal([Admitted(invocation_id, rejection=category)])
-        sensitivity = entry.sensitivity if entry else None
-        repo = entry.repo if entry else None
-        return Decision(
-            CANONICAL_ERROR_BODY, category, sensitivity, detail=detail, repo=repo, kind=kind
-        )
-
-    async def _admit_and_run(self, invocation_id: str, request: HttpRequest) -> Decision:
-        try:
-            if request.http_version != b"1.1":
-                raise RequestError("HTTP/1.1 required")
-            check_request_line(request.method, request.target)
-            parsed = parse_frame(list(request.headers), request.body)
-        except RequestError as exc:
-            # The message names the location (never script or output bytes).
-            return await self._reject(invocation_id, "invalid-request", None, str(exc))
-        kind = schema_kind(parsed.schema)
-        entry = self.seed_map.lookup(parsed.private_repo)
-        if entry is None:
-            return await self._reject(invocation_id, "repo-not-allowed", None, kind=kind)
-        bits = charge(parsed.schema)
-        if not affordable(bits, self.ledger.spent(entry.repo), entry.budget_bits):
-            return await self._reject(invocation_id, "bit-budget-exhausted", entry, kind=kind)
-        # One durable write authorizes everything that follows: the count, the
-        # debit and the launch. Nothing touches a seed before fsync returns.
-        await self._journal(
-            [
-                Admitted(invocation_id, repo=entry.repo, charge=bits),
-                Debit(invocation_id, entry.repo, bits),
-                Launched(invocation_id),
-            ]
-        )
-        category, canonical = await self._run(invocation_id, entry, parsed.script, parsed.schema)
-        body = CANONICAL_ERROR_BODY if canonical is None else ok_body(canonical)
-        result = "ok" if canonical is not None else "error"
+    async def _launch(self, invocation_id: str, admitted: Admit) -> Decision:
+        """Run an admitted invocation and journal its outcome."""
+        result = await self._run(invocation_id, admitted)
         # The outcome authorizes nothing (the bits are spent and the count is
         # taken either way), so it is not fsync'd: if it is lost in a crash,
         # replay records the invocation as interrupted, which changes no total.
-        outcome = Outcome(invocation_id, result, None if result == "ok" else category)
-        await self._journal([outcome], sync=False)
-        return Decision(body, category, entry.sensitivity, bits, repo=entry.repo, kind=kind)
+        await self.accounts.commit([result.outcome(invocation_id)], sync=False)
+        entry = admitted.entry
+        return Decision(
+            result.body,
+            result.category,
+            entry.sensitivity,
+            admitted.charge,
+            repo=entry.repo,
+            kind=admitted.kind,
+        )
 
-    async def _run(
-        self, invocation_id: str, entry: SeedEntry, script: str, schema: Schema
-    ) -> tuple[str, str | None]:
-        """Workspace, runner, result file, cleanup. Returns (category, canonical)."""
+    async def _run(self, invocation_id: str, admitted: Admit) -> Classified:
+        """Workspace, runner, result file, classification, cleanup."""
         workspace = self.config.work_root / invocation_id
         try:
-            await trio.to_thread.run_sync(_make_workspace, workspace)
+            await self._run_sync(self._workspace.make, workspace)
         except OSError:
-            return "workspace-failed", None
+            return Classified("workspace-failed")
         invocation = Invocation(
             run_id=self.config.run_id,
             invocation_id=invocation_id,
-            seed_dir=self.config.seeds_root / entry.seed_id,
+            seed_dir=self.config.seeds_root / admitted.entry.seed_id,
             workspace=workspace,
-            script=script.encode("utf-8"),
+            script=admitted.script.encode("utf-8"),
         )
-        category = "ok"
-        canonical: str | None = None
         try:
-            try:
-                report = await self.runner.run(invocation)
-            except trio.Cancelled:
-                raise
-            except Exception:  # a runner bug: log category, answer canonical error
-                category = "runner-internal"
-            else:
-                if report.failure is not None:
-                    category = report.failure
-                else:
-                    raw = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
-                    canonical = None if raw is None else check_output(raw, schema)
-                    if canonical is None:
-                        category = "invalid-output"
+            report = await self._run_runner(invocation)
+            raw: bytes | None = None
+            if report is not None and report.failure is None:
+                raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
+            result = classify(report, raw, admitted.schema)
         except BaseException as exc:
             # Cancelled (shutdown grace expired) or a bug while checking the
             # result: the invocation is interrupted, never re-run, never
             # refunded; the workspace must not survive.
             reason = "shutdown" if isinstance(exc, trio.Cancelled) else "broker-internal"
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(remove_tree, workspace)
+                await self._run_sync(self._workspace.remove, workspace)
                 if not self.broken:
                     with contextlib.suppress(OSError):
-                        await self._journal([Outcome(invocation_id, "interrupted", reason)])
+                        await self.accounts.commit([Outcome(invocation_id, "interrupted", reason)])
             raise
-        if not await trio.to_thread.run_sync(remove_tree, workspace):
-            return "cleanup-failed", None
-        return category, canonical
+        if not await self._run_sync(self._workspace.remove, workspace):
+            return Classified("cleanup-failed")
+        return result
 
-
-def schema_kind(schema: Schema) -> str:
-    """The root type of ``schema`` as its DSL name (``boolean``, ``object``, ...; pure)."""
-    name = type(schema.root).__name__
-    return name.removesuffix("Node").lower()
+    async def _run_runner(self, invocation: Invocation) -> RunReport | None:
+        """The runner's report; None when the runner raised (a runner bug)."""
+        try:
+            return await self.runner.run(invocation)
+        except trio.Cancelled:
+            raise
+        except Exception:  # a runner bug: log category, answer canonical error
+            return None
 
 
 def report_bug(exc: BaseException) -> None:
@@ -613,9 +578,3 @@ def report_bug(exc: BaseException) -> None:
     where = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame else "?"
     line = {"event": "broker-bug", "type": type(exc).__name__, "where": where}
     print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
-
-
-def _make_workspace(path: Path) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.mkdir(path, 0o700)
-    os.chmod(path, 0o700)

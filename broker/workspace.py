@@ -34,11 +34,13 @@ import ctypes.util
 import errno
 import os
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bounded_query.broker.protocol import MAX_RESULT_BYTES
 
-__all__ = ["read_result_file", "remove_tree", "unmount"]
+__all__ = ["WorkspaceOps", "make_workspace", "read_result_file", "remove_tree", "unmount"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MNT_DETACH = 0x2
@@ -68,6 +70,17 @@ def unmount(target: Path) -> str:
     if code in _NOT_MOUNTED:
         return "absent"
     raise OSError(code, os.strerror(code), str(target))
+
+
+def make_workspace(path: Path) -> None:
+    """Create one invocation's empty workspace, mode 0700 (and its parents, 0700).
+
+    Raises:
+        OSError: it cannot be created, or it already exists.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.mkdir(path, 0o700)
+    os.chmod(path, 0o700)
 
 
 def read_result_file(path: Path, limit: int = MAX_RESULT_BYTES) -> bytes | None:
@@ -186,3 +199,16 @@ def remove_tree(path: Path) -> bool:
     except OSError:
         pass
     return not os.path.lexists(path)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceOps:
+    """The blocking workspace operations of the pipeline (injected; run in a worker thread).
+
+    The defaults are this module's functions; a test passes its own to
+    reach a failure path (a cleanup that fails, a bug while reading).
+    """
+
+    make: Callable[[Path], None] = make_workspace
+    read_result: Callable[[Path], bytes | None] = read_result_file
+    remove: Callable[[Path], bool] = remove_tree

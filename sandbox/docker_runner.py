@@ -579,7 +579,7 @@ class DockerRunner:
         and queries run unpinned (the page-cache channel is then open).
         """
         body = pin_container_body(self.settings)
-        name = f"bq-{self.settings.run_id[:16]}-pin"
+        name = self.pin_name
         container_id: str | None = None
         try:
             created = await self._call(self.api.create_container_from_config, body, name)
@@ -643,6 +643,33 @@ class DockerRunner:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    @property
+    def pin_name(self) -> str:
+        """The container name of this run's page-cache pin."""
+        return f"bq-{self.settings.run_id[:16]}-pin"
+
+    async def aclose(self) -> None:
+        """Remove the pin container if this runner started one, then :meth:`close`.
+
+        Idempotent, shielded from cancellation, never raises on an engine
+        failure (shutdown goes on; the next start's reconcile removes a pin
+        left behind). The runner stays usable: a later call opens a new
+        client, and the next ``warm`` or ``run`` pins again.
+        """
+        with trio.CancelScope(shield=True):
+            pinned, self.page_cache_pinned = self.page_cache_pinned, None
+            if pinned:
+                with contextlib.suppress(Exception):
+                    await self._remove(self.pin_name)
+            with contextlib.suppress(Exception):
+                self.close()
+
+    async def __aenter__(self) -> DockerRunner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _PhaseClock:

@@ -26,6 +26,7 @@ import trio
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bounded_query.broker.accounts import Accounts  # noqa: E402
 from bounded_query.broker.audit import AuditLog  # noqa: E402
 from bounded_query.broker.journal import JournalFile  # noqa: E402
 from bounded_query.broker.ledger import Ledger  # noqa: E402
@@ -71,7 +72,8 @@ async def main(long: bool) -> int:
         journal = JournalFile.open(config.journal_path, config.run_id)
         audit = AuditLog(config.audit_path)
         runner = TimedRunner()
-        service = Service(config, seed_map, runner, journal, Ledger(), audit)
+        accounts = Accounts(journal, Ledger(), config.max_invocations)
+        service = Service(config, seed_map, runner, accounts, audit)
         rows = []
         for duration in durations(long):
             sent: list[float] = []

@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import trio
+from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.config import BrokerConfig, SeedMap, parse_config, parse_seed_map
 from bounded_query.broker.protocol import encode_schema_header
 
@@ -61,6 +64,32 @@ def load(doc: dict[str, object]) -> tuple[BrokerConfig, SeedMap]:
     config = parse_config(doc)
     seed_map = parse_seed_map(json.loads(config.seed_map_path.read_text()))
     return config, seed_map
+
+
+_T = TypeVar("_T")
+
+
+async def run_inline(fn: Callable[..., _T], *args: Any) -> _T:
+    """A thread runner without a thread (injected as ``run_sync``; blocks the loop briefly).
+
+    Under MockClock's autojump a worker thread looks like idleness, and the
+    clock would jump to the next timer (the overflow watchdog) while the
+    journal is being written.
+    """
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+def raw_request(data: bytes) -> RawRequest:
+    """Split a request as :func:`request_bytes` frames it into the pipeline's plain values."""
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    method, target, version = lines[0].split(b" ")
+    headers = []
+    for line in lines[1:]:
+        name, value = line.split(b": ", 1)
+        headers.append((name.lower(), value))
+    return RawRequest(method, target, version.split(b"/")[1], tuple(headers), body)
 
 
 def request_bytes(

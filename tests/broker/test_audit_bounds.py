@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-import trio
 from bounded_query.broker.audit import (
     MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
@@ -27,13 +26,9 @@ from bounded_query.broker.audit import (
     format_summary,
     truncation_marker,
 )
-from bounded_query.broker.journal import JournalFile
-from bounded_query.broker.ledger import Ledger
-from bounded_query.broker.service import Service
 
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
-from tests.broker.test_service_timing import OK, _answer
-from tests.fakes.runner import ScriptedRunner
+from tests.broker.test_service_timing import OK, _answer, make_service
 
 # -- admit: every branch ----------------------------------------------------
 
@@ -176,20 +171,13 @@ def _fields(record: AuditRecord) -> dict:
 # -- a service whose audit cannot be written ----------------------------------
 
 
-async def _inline(fn, *args, **_kwargs):
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-async def test_audit_write_failures_change_no_answer(autojump_clock, tmp_path, monkeypatch):
-    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
+async def test_audit_write_failures_change_no_answer(autojump_clock, tmp_path):
     config, seed_map = load(make_root(tmp_path, max_invocations=3))
-    journal = JournalFile.open(config.journal_path, config.run_id)
     audit = AuditLog(Path("/dev/full"), floor=0)  # every write fails with ENOSPC
     with pytest.raises(OSError, match="No space"):
         audit.write(AuditRecord("x", "ok"))
-    svc = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+    svc = make_service(config, seed_map, audit)
     try:
         assert await _answer(svc, request_bytes("write true")) == (OK, pytest.approx(0.01))
         await svc.count_refusal("http-malformed")
@@ -197,12 +185,12 @@ async def test_audit_write_failures_change_no_answer(autojump_clock, tmp_path, m
             ERROR,
             pytest.approx(0.01),
         )
-        assert svc.ledger.invocations == 3
+        assert svc.accounts.invocations == 3
         for _ in range(100):  # past the cap: tallied, not written
             assert (await _answer(svc, request_bytes("write true")))[0] == ERROR
             await svc.count_refusal("http-malformed")
         await svc.flush_audit()  # fails too, silently
         assert not svc.broken
     finally:
-        journal.close()
+        svc.accounts.close()
         audit.close()

@@ -74,8 +74,8 @@ async def test_invalid_request_names_the_location_but_no_script_bytes(broker):
     ],
 )
 def test_schema_kind_names_the_root_type(schema, kind):
+    from bounded_query.broker.admission import schema_kind
     from bounded_query.broker.protocol import parse_schema
-    from bounded_query.broker.service import schema_kind
 
     assert schema_kind(parse_schema(schema)) == kind
     assert json.loads(format_record(AuditRecord("01", "ok", kind=kind)))["kind"] == kind

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import trio
+from bounded_query.broker.accounts import Accounts
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.journal import Admitted, JournalFile
 from bounded_query.broker.ledger import Ledger
@@ -46,7 +47,7 @@ async def test_a_transport_refusal_counts_like_any_response(tmp_path):
         assert server.service is not None
         sock = config.socket_path
         assert body_of(await exchange(sock, GARBAGE)) == ERROR
-        await _until(lambda: server.service.ledger.invocations == 1)
+        await _until(lambda: server.service.accounts.invocations == 1)
         assert body_of(await exchange(sock, request_bytes("write true"))) == OK_TRUE
         assert body_of(await exchange(sock, request_bytes("write true"))) == OK_TRUE
         # The garbage took a slot: the fourth response is past the cap.
@@ -55,7 +56,7 @@ async def test_a_transport_refusal_counts_like_any_response(tmp_path):
         # Past the cap, refusals are answered but journal nothing more.
         for _ in range(5):
             assert body_of(await exchange(sock, GARBAGE)) == ERROR
-        assert server.service.ledger.invocations == 3
+        assert server.service.accounts.invocations == 3
         server.stop()
     admitted = _admitted(config)
     assert [r.rejection for r in admitted] == ["http-malformed", None, None]
@@ -72,9 +73,9 @@ async def test_a_connection_cap_refusal_counts(tmp_path):
             await holder.send_all(b"POST /query HTTP/1.1\r\n")  # holds the only slot
             await _until(lambda: server.active == 1)
             assert body_of(await exchange(config.socket_path, request_bytes("x"))) == ERROR
-            await _until(lambda: server.service.ledger.invocations == 1)
+            await _until(lambda: server.service.accounts.invocations == 1)
         # The holder's half head, cut short, is a refusal of its own.
-        await _until(lambda: server.service.ledger.invocations == 2)
+        await _until(lambda: server.service.accounts.invocations == 2)
         server.stop()
     assert [r.rejection for r in _admitted(config)] == ["connection-cap", "http-malformed"]
 
@@ -96,9 +97,9 @@ async def test_concurrent_refusals_and_requests_never_count_past_the_cap(tmp_pat
             for index in range(30):
                 raw = GARBAGE if index % 2 else request_bytes("write true")
                 clients.start_soon(one, raw)
-        await _until(lambda: server.service.ledger.invocations == cap)
+        await _until(lambda: server.service.accounts.invocations == cap)
         await trio.sleep(0.2)  # let any straggling refusal try to count
-        assert server.service.ledger.invocations == cap
+        assert server.service.accounts.invocations == cap
         server.stop()
     assert len(bodies) == 30
     assert bodies.count(OK_TRUE) == len(runner.calls) <= cap
@@ -111,21 +112,22 @@ async def test_concurrent_refusals_are_counted_in_shared_appends(tmp_path):
     config, seed_map = load(make_root(tmp_path, max_invocations=cap))
     journal = JournalFile.open(config.journal_path, RUN_ID)
     appends: list[int] = []
-    real_append = journal.append
 
-    def counting_append(records, sync=True):
-        appends.append(len(records))
-        return real_append(records, sync)
+    async def counting_run_sync(fn, *args):
+        """The real thread runner, counting the journal's appends on the way."""
+        if fn == journal.append:
+            appends.append(len(args[0]))
+        return await trio.to_thread.run_sync(fn, *args)
 
-    journal.append = counting_append  # type: ignore[method-assign]
+    accounts = Accounts(journal, Ledger(), cap, run_sync=counting_run_sync)
     audit = AuditLog(config.audit_path)
-    service = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+    service = Service(config, seed_map, ScriptedRunner(), accounts, audit)
     try:
         async with trio.open_nursery() as nursery:
             for _ in range(200):
                 nursery.start_soon(service.count_refusal, "http-malformed")
         await service.flush_refusals()
-        assert service.ledger.invocations == cap
+        assert service.accounts.invocations == cap
         assert sum(appends) == cap  # one record per counted refusal
         assert len(appends) < cap / 5  # but batched: far fewer appends
         assert dict(service._tally.pending) == {"http-malformed": 50}  # past the cap

@@ -284,7 +284,7 @@ async def test_every_hostile_request_gets_error_or_close(hostile_broker):
         assert not server.service.broken
     assert wrong == []
     assert runner.calls == []  # nothing hostile ever reached the runner
-    assert server.service.ledger.spent_by_repo() == {}
+    assert server.service.accounts.ledger.spent_by_repo() == {}
     assert outcomes["error"] >= len(CORPUS) - 2
     # The broker still serves a valid request.
     assert await exchange(sock, GOOD) == OK_RESPONSE

@@ -91,7 +91,7 @@ async def test_startup_closes_in_flight_and_clears_stale_work(tmp_path):
         assert runner.reconciled == 1
         assert runner.preflights == 1
         assert runner.calls == []  # interrupted invocations are never re-run
-        ledger = server.service.ledger
+        ledger = server.service.accounts.ledger
         assert ledger.spent("octo/internal") == 14  # never refunded
         assert ledger.invocations == 3
         # 64 - 14 = 50 left: a 5-bit boolean runs.

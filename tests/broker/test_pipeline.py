@@ -8,7 +8,9 @@ import os
 import jsonschema
 import trio
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome
+from bounded_query.broker.workspace import WorkspaceOps, read_result_file, remove_tree
 
+from tests.broker.conftest import serving
 from tests.broker.helpers import (
     ERROR,
     RUN_ID,
@@ -83,8 +85,8 @@ async def test_invalid_request_debits_nothing_and_never_runs(broker):
     assert all(isinstance(r, Admitted) and r.rejection == "invalid-request" for r in records)
     assert len(records) == len(bad)
     assert broker.runner.calls == []
-    assert broker.server.service.ledger.spent_by_repo() == {}
-    assert broker.server.service.ledger.invocations == len(bad)
+    assert broker.server.service.accounts.ledger.spent_by_repo() == {}
+    assert broker.server.service.accounts.ledger.invocations == len(bad)
 
 
 async def test_unknown_repo_is_rejected_before_launch(broker):
@@ -129,7 +131,7 @@ async def test_confidential_budget_is_spent_and_never_refunded(broker):
     )
     assert body_of(third) == ERROR
     assert len(broker.runner.calls) == 1
-    assert broker.server.service.ledger.spent("octo/confidential") == 5
+    assert broker.server.service.accounts.ledger.spent("octo/confidential") == 5
     rejections = [r.rejection for r in _journal(broker) if isinstance(r, Admitted)]
     assert rejections == [None, "bit-budget-exhausted", "bit-budget-exhausted"]
 
@@ -146,7 +148,7 @@ async def test_internal_budget_exact_fit(broker):
         broker.socket, request_bytes('write "x"', repo="octo/internal", schema=const)
     )
     assert body_of(response) == ERROR
-    assert broker.server.service.ledger.spent("octo/internal") == 64
+    assert broker.server.service.accounts.ledger.spent("octo/internal") == 64
 
 
 async def test_public_is_unmetered(broker):
@@ -219,7 +221,7 @@ async def test_max_invocations_counts_rejections(tmp_path):
         assert body_of(await exchange(sock, request_bytes("write true"))) == OK_TRUE
         assert body_of(await exchange(sock, request_bytes("write true"))) == ERROR
         assert len(runner.calls) == 2
-        assert server.service.ledger.invocations == 3
+        assert server.service.accounts.ledger.invocations == 3
         server.stop()
 
 
@@ -276,46 +278,45 @@ async def test_socket_and_ready_file_permissions(broker):
 
 async def test_journal_failure_fails_closed(broker):
     service = broker.server.service
-    service.journal.close()  # every later append fails with EBADF
+    service.accounts.journal.close()  # every later append fails with EBADF
     response = await exchange(broker.socket, request_bytes("write true"))
     assert body_of(response) == ERROR
     assert service.broken
     response = await exchange(broker.socket, request_bytes("write true"))
     assert body_of(response) == ERROR
     assert broker.runner.calls == []
-    assert service.ledger.invocations == 0  # nothing was counted without its record
+    assert service.accounts.ledger.invocations == 0  # nothing was counted without its record
 
 
-async def test_a_bug_costs_one_answer_not_the_broker(broker, monkeypatch, capfd):
-    import bounded_query.broker.service as service_module
+async def test_a_bug_costs_one_answer_not_the_broker(broker_doc, capfd):
+    bug = [True]
 
-    def broken_check(raw, schema):
-        raise RuntimeError("bug")
+    def read_result(path):
+        if bug:
+            raise RuntimeError("bug")
+        return read_result_file(path)
 
-    monkeypatch.setattr(service_module, "check_output", broken_check)
-    response = await exchange(broker.socket, request_bytes("write true"))
-    assert body_of(response) == ERROR
-    assert not any((broker.private / "work").iterdir())
-    err = capfd.readouterr().err
-    assert '"event": "broker-bug"' in err
-    assert "write true" not in err
-    monkeypatch.undo()
-    response = await exchange(broker.socket, request_bytes("write true"))
-    assert body_of(response) == OK_TRUE
-    records = _journal(broker)
-    assert Outcome(records[0].invocation_id, "interrupted", "broker-internal") in records
+    async with serving(broker_doc, workspace=WorkspaceOps(read_result=read_result)) as broker:
+        response = await exchange(broker.socket, request_bytes("write true"))
+        assert body_of(response) == ERROR
+        assert not any((broker.private / "work").iterdir())
+        err = capfd.readouterr().err
+        assert '"event": "broker-bug"' in err
+        assert "write true" not in err
+        bug.clear()
+        response = await exchange(broker.socket, request_bytes("write true"))
+        assert body_of(response) == OK_TRUE
+        records = _journal(broker)
+        assert Outcome(records[0].invocation_id, "interrupted", "broker-internal") in records
 
 
-async def test_workspace_cleanup_failure_is_an_error(broker, monkeypatch):
-    import bounded_query.broker.service as service_module
-
-    real_remove = service_module.remove_tree
-    monkeypatch.setattr(service_module, "remove_tree", lambda path: False)
-    response = await exchange(broker.socket, request_bytes("write true"))
-    assert body_of(response) == ERROR  # a valid answer is discarded
-    entries = await _audit(broker, 1)
-    assert entries[-1]["category"] == "cleanup-failed"
-    records = _journal(broker)
-    assert records[-1] == Outcome(records[0].invocation_id, "error", "cleanup-failed")
-    for leftover in (broker.private / "work").iterdir():
-        assert real_remove(leftover)
+async def test_workspace_cleanup_failure_is_an_error(broker_doc):
+    async with serving(broker_doc, workspace=WorkspaceOps(remove=lambda path: False)) as broker:
+        response = await exchange(broker.socket, request_bytes("write true"))
+        assert body_of(response) == ERROR  # a valid answer is discarded
+        entries = await _audit(broker, 1)
+        assert entries[-1]["category"] == "cleanup-failed"
+        records = _journal(broker)
+        assert records[-1] == Outcome(records[0].invocation_id, "error", "cleanup-failed")
+        for leftover in (broker.private / "work").iterdir():
+            assert remove_tree(leftover)

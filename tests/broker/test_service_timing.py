@@ -11,45 +11,45 @@ from __future__ import annotations
 
 import pytest
 import trio
+from bounded_query.broker.accounts import Accounts
+from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog
-from bounded_query.broker.http import HttpRequest
 from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.service import BOUNDARIES_S, Service
 from bounded_query.broker.timing import TOLERANCE_S
 
-from tests.broker.helpers import ERROR, load, make_root, request_bytes
+from tests.broker.helpers import ERROR, load, make_root, raw_request, request_bytes, run_inline
 from tests.fakes.runner import ScriptedRunner
 
 OK = b'{"status":"ok","result":true}'
 
 
-def _http(raw: bytes) -> HttpRequest:
-    head, body = raw.split(b"\r\n\r\n", 1)
-    lines = head.split(b"\r\n")
-    method, target, version = lines[0].split(b" ")
-    headers = tuple(tuple(line.split(b": ", 1)) for line in lines[1:])
-    return HttpRequest(method, target, version.split(b"/")[1], headers, body)  # type: ignore[arg-type]
+def _http(raw: bytes) -> RawRequest:
+    """The pipeline's plain request (also used by ``tests/bench/bench_timing.py``)."""
+    return raw_request(raw)
 
 
-async def _inline(fn, *args, **_kwargs):
-    """``trio.to_thread.run_sync`` without a thread (blocking the loop briefly)."""
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
+def make_service(config, seed_map, audit: AuditLog, **kwargs) -> Service:
+    """A service over a fresh journal whose thread offloads run inline.
+
+    The overflow watchdog keeps a timer pending during processing; with a
+    worker thread running, MockClock's autojump would take the wait for the
+    thread as idleness and jump to that timer.
+    """
+    journal = JournalFile.open(config.journal_path, config.run_id)
+    accounts = Accounts(journal, Ledger(), config.max_invocations, run_sync=run_inline)
+    runner = ScriptedRunner()
+    return Service(config, seed_map, runner, accounts, audit, run_sync=run_inline, **kwargs)
 
 
 @pytest.fixture
-def service(tmp_path, monkeypatch):
-    # The overflow watchdog keeps a timer pending during processing; with a
-    # worker thread running, MockClock's autojump would take the wait for the
-    # thread as idleness and jump to that timer. Run thread offloads inline.
-    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
+def service(tmp_path):
     config, seed_map = load(make_root(tmp_path, max_invocations=10000, timeout=540))
-    journal = JournalFile.open(config.journal_path, config.run_id)
     audit = AuditLog(config.audit_path)
-    svc = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+    svc = make_service(config, seed_map, audit)
     yield svc
-    journal.close()
+    svc.accounts.close()
     audit.close()
 
 
@@ -174,23 +174,19 @@ async def test_after_an_overflow_followers_are_answered_independently_of_the_ove
     assert service.halted_at == pytest.approx(halt, abs=1e-9)
 
 
-async def test_follower_answer_times_are_identical_for_every_overrun(
-    autojump_clock, tmp_path, monkeypatch
-):
+async def test_follower_answer_times_are_identical_for_every_overrun(autojump_clock, tmp_path):
     """The same follower schedule, one fresh service per overrun: one timing for all."""
-    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
     seen: set[tuple[tuple[int, bytes, float], ...]] = set()
     for index, overrun in enumerate(OVERRUNS):
         root = tmp_path / str(index)
         root.mkdir()
         config, seed_map = load(make_root(root, max_invocations=100, timeout=540))
-        journal = JournalFile.open(config.journal_path, config.run_id)
         audit = AuditLog(config.audit_path)
-        svc = Service(config, seed_map, ScriptedRunner(), journal, Ledger(), audit)
+        svc = make_service(config, seed_map, audit)
         try:
             results = await _overflow_then(svc, overrun, [0.001, 0.5, 700.0, 10_000.0])
         finally:
-            journal.close()
+            svc.accounts.close()
             audit.close()
         timings = sorted(results.items())
         seen.add(tuple((k, body, round(t, 9)) for k, (body, t) in timings if k >= 0))
@@ -251,11 +247,11 @@ async def test_refusals_are_released_by_the_overflow_answer_not_the_overrun_end(
 async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, service, capsys):
     await _answer(service, request_bytes("sleep 700\nwrite true"))
     assert '"event": "broker-halted"' in capsys.readouterr().err
-    counted = service.ledger.invocations
+    counted = service.accounts.invocations
     journal_size = service.config.journal_path.stat().st_size
     for _ in range(50):
         await service.count_refusal("http-malformed")
         assert (await _answer(service, request_bytes("write true")))[0] == ERROR
-    assert service.ledger.invocations == counted
+    assert service.accounts.invocations == counted
     assert service.config.journal_path.stat().st_size == journal_size
     assert dict(service._tally.pending) == {"halted-after-overflow": 50, "http-malformed": 50}

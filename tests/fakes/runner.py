@@ -37,6 +37,10 @@ class ScriptedRunner:
     calls: list[Invocation] = field(default_factory=list)
     reconciled: int = 0
     preflights: int = 0
+    closed: int = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
 
     async def preflight(self) -> None:
         self.preflights += 1
@@ -92,6 +96,10 @@ class ProcessRunner:
 
     timeout_s: float = 30.0
     reconciled: int = 0
+    closed: int = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
 
     async def preflight(self) -> None:
         return None
