@@ -1,8 +1,9 @@
 """Per-repository usage and the Markdown step summary (seed 000 8.5.3, 11.4).
 
-Pure: :func:`usage_from_state` joins the broker's journal (which records the
-repository of every accepted invocation and every debit, and a category for
-every refusal it counted) with its protected audit log (each response's
+Pure: :func:`usage_from_state` folds the broker's journal with the broker's
+own ledger (``broker/ledger.py``: the repository and debit of every accepted
+invocation, and a category for every refusal it counted) and joins it with
+its protected audit log (each response's
 timing bucket, category and, when the request named a configured slug, its
 repository) on the invocation id. Every counted response is then explained
 (issue 14 item 2): launched ones under their repository, refusals under the
@@ -25,7 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bounded_query.broker.journal import Admitted, Debit, JournalCorrupt, decode_journal
+from bounded_query.broker.journal import JournalCorrupt, decode_journal
+from bounded_query.broker.ledger import Ledger
 
 from .config import RUN_BUDGETS
 
@@ -127,12 +129,14 @@ def usage_from_state(
 ) -> RunUsage:
     """Usage per configured ``(repo, sensitivity)`` from the raw journal and audit bytes."""
     notes: list[str] = []
-    records: tuple[object, ...] = ()
+    ledger = Ledger()
     if journal is None:
         notes.append("the broker journal is missing; spent bits are unknown")
     else:
         try:
-            records = decode_journal(journal).records
+            # The broker's own fold: a journal it would refuse to start on
+            # (corrupt, or records that cannot follow each other) is unreadable.
+            ledger = Ledger.from_records(decode_journal(journal).records)
         except JournalCorrupt as exc:
             notes.append(f"the broker journal is unreadable ({exc})")
     audit_by_id, uncounted = _audit_records((audit or b"").splitlines())
@@ -140,50 +144,47 @@ def usage_from_state(
         notes.append("the audit log is missing; timing buckets are unknown")
     spelling = {repo.lower(): repo for repo, _ in repos}
     repo_of: dict[str, str] = {}
-    spent: Counter[str] = Counter()
+    spent = ledger.spent_by_repo()
     invocations: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
     refused_by_repo: dict[str, Counter[str]] = {}
     unattributed: Counter[str] = Counter()
     responses: list[Response] = []
-    for record in records:
-        if isinstance(record, Admitted):
-            audited = audit_by_id.get(record.invocation_id, {})
-            if record.repo is None:
-                category = record.rejection or "refused"
-                refusals[category] += 1
-                named = audited.get("repo")
-                key = named.lower() if isinstance(named, str) else None
-                if key is not None and key in spelling:
-                    refused_by_repo.setdefault(key, Counter())[category] += 1
-                else:
-                    key = None
-                    unattributed[category] += 1
-                responses.append(
-                    Response(
-                        record.invocation_id,
-                        None if key is None else spelling[key],
-                        category,
-                        _int_or_none(audited.get("charge")),
-                        _int_or_none(audited.get("bucketMs")),
-                    )
-                )
+    for record in ledger.admissions():
+        audited = audit_by_id.get(record.invocation_id, {})
+        if record.repo is None:
+            category = record.rejection or "refused"
+            refusals[category] += 1
+            named = audited.get("repo")
+            key = named.lower() if isinstance(named, str) else None
+            if key is not None and key in spelling:
+                refused_by_repo.setdefault(key, Counter())[category] += 1
             else:
-                key = record.repo.lower()
-                repo_of[record.invocation_id] = key
-                invocations[key] += 1
-                outcome = audited.get("category")
-                responses.append(
-                    Response(
-                        record.invocation_id,
-                        spelling.get(key, record.repo),
-                        outcome if isinstance(outcome, str) else "unknown",
-                        record.charge,
-                        _int_or_none(audited.get("bucketMs")),
-                    )
+                key = None
+                unattributed[category] += 1
+            responses.append(
+                Response(
+                    record.invocation_id,
+                    None if key is None else spelling[key],
+                    category,
+                    _int_or_none(audited.get("charge")),
+                    _int_or_none(audited.get("bucketMs")),
                 )
-        elif isinstance(record, Debit):
-            spent[record.repo.lower()] += record.bits
+            )
+        else:
+            key = record.repo.lower()
+            repo_of[record.invocation_id] = key
+            invocations[key] += 1
+            outcome = audited.get("category")
+            responses.append(
+                Response(
+                    record.invocation_id,
+                    spelling.get(key, record.repo),
+                    outcome if isinstance(outcome, str) else "unknown",
+                    record.charge,
+                    _int_or_none(audited.get("bucketMs")),
+                )
+            )
     buckets: dict[str, Counter[int]] = {}
     outcomes: dict[str, Counter[str]] = {}
     for invocation_id, audited in audit_by_id.items():
@@ -200,7 +201,7 @@ def usage_from_state(
         RepoUsage(
             repo=repo,
             sensitivity=sensitivity,
-            spent_bits=spent[repo.lower()],
+            spent_bits=spent.get(repo.lower(), 0),
             invocations=invocations[repo.lower()],
             buckets=dict(sorted(buckets.get(repo.lower(), Counter()).items())),
             outcomes=dict(sorted(outcomes.get(repo.lower(), Counter()).items())),

@@ -31,7 +31,7 @@ def journal_bytes() -> bytes:
         Outcome("02", "error", "query-timeout"),
         Admitted("03", rejection="bit-budget-exhausted"),
         Admitted("04", repo="octo/docs", charge=9),
-        Debit("04", "octo/docs", 0),
+        Debit("04", "octo/docs", 9),  # public is unmetered, but its bits are counted
         Outcome("04", "ok"),
     ]
     return b"".join(encode_record(r) for r in records)
@@ -58,7 +58,7 @@ def test_usage_joins_journal_and_audit_per_repository():
     assert (alpha.spent_bits, alpha.invocations) == (19, 2)
     assert alpha.buckets == {1000: 1, 60000: 1}
     assert alpha.outcomes == {"ok": 1, "query-timeout": 1}
-    assert (docs.spent_bits, docs.invocations, docs.budget) == (0, 1, None)
+    assert (docs.spent_bits, docs.invocations, docs.budget) == (9, 1, None)
     assert (vault.spent_bits, vault.invocations, vault.budget) == (0, 0, 0)
     assert usage.refused == 1
     assert usage.refusals == {"bit-budget-exhausted": 1}
@@ -73,8 +73,8 @@ def test_summary_table_and_degraded_notice():
     assert "> - step: x\\|y" in text
     row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
     assert row in text
-    assert "| `octo/docs` | public | unmetered | 0 | 1 |" in text
-    assert "| **Total** | | | **19** | **3** | | |" in text
+    assert "| `octo/docs` | public | unmetered | 9 | 1 |" in text
+    assert "| **Total** | | | **28** | **3** | | |" in text
     assert "Refused before launch (any repository): 1 (bit-budget-exhausted: 1)." in text
     clean = render_summary(usage, exit_code=0, runtime="docker")
     assert "Degraded" not in clean
@@ -246,7 +246,7 @@ def test_summary_of_ten_thousand_invocations_stays_under_one_mebibyte():
         if i % 3:
             records += [
                 Admitted(invocation_id, repo="octo/docs", charge=9),
-                Debit(invocation_id, "octo/docs", 0),
+                Debit(invocation_id, "octo/docs", 9),
             ]
             audit.append(
                 format_record(AuditRecord(invocation_id, "ok", "public", 9, 1000, repo="octo/docs"))
