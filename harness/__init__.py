@@ -10,20 +10,29 @@ Module map (the file list reads as the pipeline):
 * ``skill``      SKILL.md with protocol-computed charges (14.8)
 * ``outputs``    seed map, broker config, wrapper directory (14.6, 14.8)
 * ``tokens``     the staging token wiped from the harness's own environ (14.6)
-* ``run``        broker child, readiness, agent, teardown (exit codes, events)
+* ``options``    what a run is asked to do (``RunOptions``), exit statuses
+* ``plan``       every decision of prepare and teardown as a value, no I/O
+* ``prepare``    sweep, preflight, roots, staging, outputs: a plan executed
+* ``orchestrate`` ``run``: the phases in order, broker child and readiness
+* ``supervise``  the agent in its mode, signals forwarded, stopped at the end
+* ``teardown``   undo the run on every path; the one container reconcile
+* ``reporting``  problem events and step-summary Markdown
+* ``child``      the broker as a child process (parent-death signal)
 * ``agent_spec`` the agent container's body and environment, as values (14.8)
 * ``agent``      the agent in its container or on the host: start, signal, stop
 * ``hostcheck``  the fail-closed probe before a host agent starts (14.8)
 * ``summary``    per-repository usage and the step summary
 * ``events``     JSONL events on stderr, GITHUB_STEP_SUMMARY
-* ``compose``    registry-free broker image and the compose service (14.7)
+* ``compose``    registry-free broker image and the compose document (14.7)
+* ``compose_run`` the ``compose`` / ``compose-down`` commands
 * ``demo``       the built-in example end to end
 """
 
 from .config import BoundedQueriesConfig, ConfigError, LoadedConfig, PrivateRepo, load_config
 from .events import EventSink
+from .options import RunOptions
+from .orchestrate import run
 from .paths import RunPaths, run_paths
-from .run import RunOptions, run
 
 __all__ = [
     "BoundedQueriesConfig",

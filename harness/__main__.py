@@ -22,7 +22,6 @@ failed preflight or staging, broker that never became ready).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 
 from .agent_spec import (
     AGENT_NETWORK_DEFAULT,
@@ -40,16 +40,12 @@ from .agent_spec import (
 )
 from .config import SLUG_RE
 from .events import EventSink, append_step_summary
-from .outputs import DEFAULT_IMAGE
+from .options import EXIT_HARNESS, RunOptions
+from .orchestrate import run
 from .paths import DEFAULT_BASE
-from .preflight import TOKEN_VARIABLES
-from .run import RunOptions, load_reported, run
-from .tokens import scrub_process_environment
+from .reporting import load_reported
 
 __all__ = ["EXIT_HARNESS", "build_parser", "main"]
-
-#: Exit status for invocation and infrastructure failures (seed 000 5.3).
-EXIT_HARNESS = 2
 
 
 def _cmd_validate(args: argparse.Namespace, sink: EventSink) -> int:
@@ -151,116 +147,21 @@ def _cmd_run(args: argparse.Namespace, sink: EventSink) -> int:
     return trio.run(run, options, sink)
 
 
-COMPOSE_STATE = "bounded-query-compose.json"
-
-
 def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
-    from bounded_query.broker.runner import parse_memory_limit
-
-    from .compose import (
-        ComposeError,
-        compose_command,
-        compose_document,
-        ensure_broker_image,
-        run_compose,
-        write_compose_file,
-    )
-    from .outputs import remove_roots
-    from .quota import mount_work_quota, unmount
-    from .run import prepare
+    from .compose_run import compose_up
 
     try:
         options = _run_options(args, ("true",))
     except UsageError as exc:
         sink.emit("usage_error", message=str(exc))
         return EXIT_HARNESS
-    out_dir = Path(args.out).absolute()
-    loaded = load_reported(args.config, sink)
-    if loaded is None:
-        return EXIT_HARNESS
-    if not loaded.config.enabled:
-        sink.emit("bounded_queries_disabled", message="nothing to compose")
-        return 0
-    env = dict(os.environ)
-    scrub_process_environment(TOKEN_VARIABLES)  # staging has the copy (tokens.py)
-    prepared = trio.run(prepare, options, loaded, env, sink)
-    if prepared is None:
-        return EXIT_HARNESS
-    work_dir = prepared.paths.workspaces_dir
-    trio.run(mount_work_quota, work_dir, parse_memory_limit(prepared.config.memory_limit), sink)
-    project = args.project or f"bq{prepared.paths.private_root.name[-16:]}"
-    compose_file = out_dir / "docker-compose.yml"
-    try:
-        ensure_broker_image(prepared.docker_host)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        document = compose_document(
-            prepared.paths,
-            prepared.config,
-            prepared.run_id,
-            workspace=options.workspace,
-            isolated_storage=os.path.ismount(prepared.paths.workspaces_dir),
-        )
-        write_compose_file(compose_file, document, prepared.paths)
-        state = {
-            "project": project,
-            "composeFile": str(compose_file),
-            "runId": prepared.run_id,
-            "privateRoot": str(prepared.paths.private_root),
-            "ingressRoot": str(prepared.paths.ingress_root),
-            "dockerHost": prepared.docker_host,
-        }
-        (out_dir / COMPOSE_STATE).write_text(json.dumps(state, indent=2) + "\n")
-        if args.up:
-            run_compose(project, compose_file, prepared.docker_host, "up", "-d")
-    except (ComposeError, OSError) as exc:
-        sink.emit("compose_failed", message=str(exc))
-        with contextlib.suppress(OSError):
-            unmount(work_dir)
-        remove_roots(prepared.paths)
-        return EXIT_HARNESS
-    sink.emit("compose_written", composeFile=str(compose_file), project=project)
-    summary = {
-        **state,
-        "up": " ".join(compose_command(project, compose_file, "up", "-d")),
-        "down": f"bounded-query-harness compose-down --out {out_dir}",
-    }
-    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-    return 0
+    return compose_up(options, Path(args.out).absolute(), sink, project=args.project, up=args.up)
 
 
 def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
-    from .compose import run_compose
-    from .outputs import remove_roots
-    from .paths import RunPaths
-    from .quota import unmount
-    from .run import reconcile_containers
+    from .compose_run import compose_down
 
-    state_file = Path(args.out).absolute() / COMPOSE_STATE
-    try:
-        state = json.loads(state_file.read_text())
-    except (OSError, ValueError) as exc:
-        sink.emit("usage_error", message=f"no compose state in {args.out}: {exc}")
-        return EXIT_HARNESS
-    done = run_compose(
-        state["project"],
-        Path(state["composeFile"]),
-        state["dockerHost"],
-        "down",
-        "--remove-orphans",
-        "--timeout",
-        "20",
-        check=False,
-    )
-    sink.emit("compose_down", status=done.returncode)
-    removed = reconcile_containers(state["dockerHost"], state["runId"])
-    sink.emit("containers_reconciled", removed=removed)
-    paths = RunPaths(Path(state["privateRoot"]), Path(state["ingressRoot"]))
-    with contextlib.suppress(OSError):
-        sink.emit("work_quota_unmounted", how=unmount(paths.workspaces_dir))
-    remove_roots(paths)
-    state_file.unlink()
-    sink.emit("roots_removed")
-    return 0 if done.returncode == 0 else 1
+    return compose_down(Path(args.out), sink)
 
 
 def _cmd_demo(_args: argparse.Namespace, _sink: EventSink) -> int:

@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
+from bounded_query.sandbox.docker_runner import API_VERSION
+from bounded_query.sandbox.reconcile import remove_labelled
 
 from .agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT, AgentContainer, AgentUser
 from .agent_spec import container_body as _container_body
@@ -50,8 +52,6 @@ __all__ = [
     "sweep_agent_containers",
 ]
 
-#: Engine API version (the query runner's, ``sandbox/docker_runner.py``).
-API_VERSION = "1.41"
 #: HTTP timeout of the ordinary Engine API calls.
 API_TIMEOUT_S = 60
 #: How long the output pump may take to drain after the container exited.
@@ -394,25 +394,20 @@ def sweep_agent_containers(docker_host: str, sink: EventSink) -> int:
     The owner label is the harness's owner record (``sweep.py``); a container
     without a parseable one, or whose owner may be alive, is left alone.
     """
-    import docker
-
-    client = docker.DockerClient(base_url=docker_host, version=API_VERSION, timeout=60)
-    removed = 0
+    api = _api(docker_host)
     try:
-        for container in client.containers.list(
-            all=True, filters={"label": f"{LABEL_ROLE}={ROLE_AGENT}"}
-        ):
-            raw = (container.labels or {}).get(LABEL_OWNER, "")
-            try:
-                record = OwnerRecord.from_doc(json.loads(raw))
-            except ValueError:
-                record = None
-            if record is None or owner_is_gone(record) is None:
-                continue
-            with contextlib.suppress(Exception):
-                container.remove(force=True, v=True)
-                removed += 1
-                sink.emit("stale_agent_removed", container=container.short_id)
+        swept = remove_labelled(api, f"{LABEL_ROLE}={ROLE_AGENT}", select=_owner_is_gone)
     finally:
-        client.close()
-    return removed
+        api.close()
+    for ident in swept.removed:
+        sink.emit("stale_agent_removed", container=ident[:12])
+    return len(swept.removed)
+
+
+def _owner_is_gone(labels: Mapping[str, str]) -> bool:
+    """Whether an agent container's owner label names a harness that is certainly gone."""
+    try:
+        record = OwnerRecord.from_doc(json.loads(labels.get(LABEL_OWNER, "")))
+    except ValueError:
+        return False
+    return record is not None and owner_is_gone(record) is not None

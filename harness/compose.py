@@ -444,21 +444,26 @@ class ComposeBroker:
 
 
 def compose_broker_starter(project: str | None) -> Any:
-    """A ``start_broker`` for :func:`.run.run` that uses the compose service."""
+    """A ``start_broker`` for :func:`.orchestrate.run` that uses the compose service."""
 
     async def start(options: Any, paths: RunPaths, env: Mapping[str, str]) -> ComposeBroker:
         from .preflight import docker_host_from_env
 
         docker_host = docker_host_from_env(env)
-        config_doc = json.loads(paths.broker_config.read_text())
+        config_doc = await trio.to_thread.run_sync(_read_json, paths.broker_config)
         await trio.to_thread.run_sync(ensure_broker_image, docker_host)
         compose_file = paths.private_root / "docker-compose.yml"
         name = project or f"bq{paths.private_root.name[-16:]}"
-        isolated = await trio.to_thread.run_sync(os.path.ismount, paths.workspaces_dir)
-        document = compose_document(
-            paths, _config_from_doc(config_doc), config_doc["runId"], isolated_storage=isolated
-        )
-        write_compose_file(compose_file, document, paths)
+
+        def write() -> dict[str, Any]:  # blocking: the seed map, the mount table, the file
+            isolated = os.path.ismount(paths.workspaces_dir)
+            document = compose_document(
+                paths, _config_from_doc(config_doc), config_doc["runId"], isolated_storage=isolated
+            )
+            write_compose_file(compose_file, document, paths)
+            return document
+
+        document = await trio.to_thread.run_sync(write)
         await trio.to_thread.run_sync(
             lambda: run_compose(name, compose_file, docker_host, "up", "-d", BROKER_SERVICE)
         )
@@ -466,6 +471,10 @@ def compose_broker_starter(project: str | None) -> Any:
         return ComposeBroker(name, compose_file, docker_host, container)
 
     return start
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
 
 
 def _config_from_doc(doc: Mapping[str, Any]) -> BoundedQueriesConfig:

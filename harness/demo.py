@@ -25,7 +25,8 @@ from pathlib import Path
 import trio
 
 from .events import EventSink
-from .run import RunOptions, run
+from .options import RunOptions
+from .orchestrate import run
 
 __all__ = ["EXAMPLE_DIR", "build_example_repo", "demo"]
 

@@ -1,6 +1,6 @@
 """Owner records and the sweep of roots left by a killed harness (spec 14.8).
 
-Theory of operation: teardown (``run.py``) deletes both roots and unmounts
+Theory of operation: teardown (``teardown.py``) deletes both roots and unmounts
 the workspace tmpfs, but a harness killed with SIGKILL runs no teardown. Its
 broker child dies with it (parent-death signal); the private root (seeds:
 private source code), the ingress root and the tmpfs stay behind, under

@@ -51,6 +51,7 @@ from .overlay import (
     seed_volumes,
 )
 from .pagecache import PIN_READY, pin_container_body
+from .reconcile import remove_container, remove_labelled
 from .spec import (
     QUERY_GID,
     QUERY_UID,
@@ -453,22 +454,8 @@ class DockerRunner:
         return "query-oom" if state.get("OOMKilled") else "query-nonzero-exit"
 
     async def _remove(self, container: str) -> bool:
-        """Force-remove one container (by id or name); True when it is gone."""
-        import docker.errors
-
-        try:
-            await self._call(self.api.remove_container, container, v=True, force=True)
-        except docker.errors.NotFound:
-            return True
-        except Exception:
-            # One more attempt; a concurrent "removal in progress" ends as gone.
-            try:
-                await self._call(self.api.remove_container, container, v=True, force=True)
-            except docker.errors.NotFound:
-                return True
-            except Exception:
-                return False
-        return True
+        """Force-remove one container (by id or name); True when it is gone (``reconcile.py``)."""
+        return await self._call(remove_container, self.api, container)
 
     async def _create_volume(self, volume: VolumeSpec) -> None:
         """Have dockerd create ``volume`` (the local driver performs the mount)."""
@@ -614,16 +601,12 @@ class DockerRunner:
         """
         label = f"{LABEL_RUN}={self.settings.run_id}"
         try:
-            listed = await self._call(self.api.containers, all=True, filters={"label": label})
+            swept = await self._call(remove_labelled, self.api, label)
         except Exception as exc:
             raise RunnerUnavailable(f"cannot list query containers: {exc}") from exc
-        removed = 0
-        for entry in listed:
-            with trio.CancelScope(shield=True):
-                ok = await self._remove(str(entry["Id"]))
-            if not ok:
-                raise RunnerUnavailable(f"cannot remove query container {entry['Id'][:12]}")
-            removed += 1
+        if swept.failed:
+            raise RunnerUnavailable(f"cannot remove query container {swept.failed[0][:12]}")
+        removed = len(swept.removed)
         self.page_cache_pinned = None  # its container was just removed
         async with self._view_lock:
             self._views.clear()

@@ -206,7 +206,7 @@ import os, sys
 from pathlib import Path
 import trio
 from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
+from bounded_query.harness import RunOptions, run
 
 config, source, base, work = sys.argv[1:5]
 options = RunOptions(
@@ -334,8 +334,8 @@ async def run_with_fake_broker(
     import io
     import json
 
+    from bounded_query.harness import RunOptions, run
     from bounded_query.harness.events import EventSink
-    from bounded_query.harness.run import RunOptions, run
 
     options = RunOptions(
         config_source=str(config),

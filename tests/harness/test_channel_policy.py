@@ -105,8 +105,8 @@ async def _mixed_run(tmp_path, *, allow: bool):
     import os
     import sys
 
+    from bounded_query.harness import RunOptions, run
     from bounded_query.harness.events import EventSink
-    from bounded_query.harness.run import RunOptions, run
 
     from tests.harness.bq_harness_helpers import (
         FAKE_BROKER,

@@ -25,7 +25,8 @@ from bounded_query.harness.agent_spec import (
 )
 from bounded_query.harness.config import Problem
 from bounded_query.harness.hostcheck import HostCheck, evaluate
-from bounded_query.harness.run import RunOptions, agent_mode_problems
+from bounded_query.harness.options import RunOptions
+from bounded_query.harness.plan import agent_mode_problems
 from bounded_query.harness.tokens import environ_block_bounds
 
 WS = "/var/tmp/ws"

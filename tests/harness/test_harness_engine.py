@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.compose import HARNESS_LABEL
 from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
 
 from tests.harness.bq_harness_helpers import (
     GitHttpServer,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from bounded_query.harness import RunOptions, run
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.quota import (
     WORK_QUOTA_MIN_BYTES,
@@ -36,7 +37,6 @@ from bounded_query.harness.quota import (
     work_quota,
     work_quota_bytes,
 )
-from bounded_query.harness.run import RunOptions, run
 from bounded_query.harness.summary import render_summary, usage_from_state
 
 from tests.harness.bq_harness_helpers import (

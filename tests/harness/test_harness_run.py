@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from bounded_query.harness import RunOptions, run
 from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
 
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
@@ -345,7 +345,7 @@ HARNESS_PROCESS = """
 import sys, trio
 from pathlib import Path
 from bounded_query.harness.events import EventSink
-from bounded_query.harness.run import RunOptions, run
+from bounded_query.harness import RunOptions, run
 config, source, workspace, base, marker = sys.argv[1:6]
 options = RunOptions(
     config_source=config,

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 from bounded_query.harness.events import EventSink
+from bounded_query.harness.options import RunOptions
 from bounded_query.harness.outputs import create_ingress_root
 from bounded_query.harness.paths import RunPaths, run_paths
 from bounded_query.harness.quota import WorkQuota, mount_tmpfs
-from bounded_query.harness.run import RunOptions
 from bounded_query.harness.staging import create_private_root
 from bounded_query.harness.sweep import (
     MODE_COMPOSE,
@@ -365,7 +365,8 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
 
 async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
     from bounded_query.harness.outputs import remove_roots
-    from bounded_query.harness.run import load_reported, prepare
+    from bounded_query.harness.prepare import prepare
+    from bounded_query.harness.reporting import load_reported
 
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})

@@ -1,0 +1,215 @@
+"""``bounded-query-harness run``: one complete run, phase by phase (spec 14.2, 14.6-14.8).
+
+Phases, each reported as a JSONL event: configuration -> the agent mode
+(``plan.agent_mode_problems``; the agent image must exist) -> the plan
+(``plan.py``, no I/O) -> its execution (``prepare.py``: the sweep of roots
+left by a harness killed with SIGKILL, preflight, private root with its
+owner record, staging, seed map, broker config, skill and wrapper) -> the
+workspace quota (a size-limited tmpfs over the private root's ``work/``,
+``quota.py``; or the run is reported degraded) -> the broker (a child
+process in its own session, ``child.py``; or the compose service) ->
+readiness (the broker's ``control/ready`` file) -> the agent
+(``supervise.py``) -> teardown (``teardown.py``).
+
+The agent is confined (issue 8): by default it runs in its own container;
+with ``--agent-on-host`` as an unprivileged user after the host check; as
+the harness's own uid only with ``--unconfined-agent``, and then the run is
+degraded. With the section absent or not enabled, nothing is staged or
+started and the agent runs with the environment untouched (spec 14.2).
+
+The staging token is read once (:func:`.tokens.scrub_process_environment`
+wipes it from this process's own environment block at start) and dropped
+from the run's environment as soon as staging is over: only the clone
+children ever hold it.
+
+Teardown runs on every path (normal exit, failure, SIGINT/SIGTERM/SIGHUP),
+shielded from cancellation. The broker child also carries a parent-death
+signal (SIGTERM), so it does not outlive a harness killed with SIGKILL.
+Exit status: see ``options.py``. A signal while the agent runs is forwarded
+to it; an agent that has not exited ``stop_grace`` seconds later (or at a
+second signal) is terminated, then killed (``supervise.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from functools import partial
+
+import trio
+from bounded_query.broker.protocol.policy import parse_memory_limit
+
+from .child import start_child_broker
+from .events import EventSink
+from .options import EXIT_HARNESS, READY_POLL_S, BrokerHandle, BrokerStarter, RunOptions
+from .paths import RunPaths
+from .plan import agent_mode_problems, choose_agent_user, final_status, plan_run
+from .preflight import TOKEN_VARIABLES, docker_host_from_env
+from .prepare import execute_plan, new_run_id
+from .progress import AuditFollower, follow_audit
+from .quota import mount_work_quota
+from .reporting import load_reported, print_progress, problems_event
+from .supervise import (
+    Supervision,
+    agent_image_problems,
+    degrade_unconfined,
+    host_launcher,
+    run_confined_agent,
+    start_agent,
+    watch_signals,
+    workspace_owner,
+)
+from .teardown import RunState, summarize, teardown
+from .tokens import scrub_process_environment
+
+__all__ = ["run", "wait_ready"]
+
+
+async def wait_ready(
+    paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
+) -> bool:
+    """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first."""
+    with trio.move_on_after(limit_s):
+        while True:
+            if await trio.to_thread.run_sync(paths.ready_file.exists):
+                sink.emit("broker_ready")
+                return True
+            status = broker.exited()
+            if status is not None:
+                sink.emit("broker_failed", message=f"the broker exited with status {status}")
+                return False
+            await trio.sleep(READY_POLL_S)
+    sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s")
+    return False
+
+
+async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: EventSink) -> int:
+    """Bounded queries disabled: just the agent, with the environment untouched."""
+    sup = Supervision(stop_grace=options.stop_grace)
+    status = EXIT_HARNESS
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals, sup, sink)
+        with sup.cancel:
+            status = await start_agent(host_launcher(options, env, None, pin=False), sup, sink)
+        nursery.cancel_scope.cancel()
+    return final_status(status, sup.signal_number, sup.agent_done)
+
+
+async def run(
+    options: RunOptions,
+    sink: EventSink,
+    env: Mapping[str, str] | None = None,
+    start_broker: BrokerStarter | None = None,
+) -> int:
+    """Run the harness once; returns the process exit status (``options.py``).
+
+    With ``env`` None the process environment is used, and the token
+    variables are then wiped from it at once (``tokens.py``).
+    """
+    if env is None:
+        env = dict(os.environ)
+        scrub_process_environment(TOKEN_VARIABLES)
+    else:
+        env = dict(env)
+    # Loading has no side effect but events: a Ctrl-C while it reads stdin
+    # abandons the thread and ends the run as before (exit 130).
+    loaded = await trio.to_thread.run_sync(
+        load_reported,
+        options.config_source,
+        sink,
+        env.get("GITHUB_STEP_SUMMARY"),
+        abandon_on_cancel=True,
+    )
+    if loaded is None:
+        sink.emit("run_end", status=EXIT_HARNESS, phase="config")
+        return EXIT_HARNESS
+    if not loaded.config.enabled:
+        sink.emit("bounded_queries_disabled")
+        status = await _run_agent_only(options, env, sink)
+        sink.emit("run_end", status=status)
+        return status
+    config = loaded.config
+    state = RunState(config=config)
+    sup = Supervision(stop_grace=options.stop_grace)
+    status = EXIT_HARNESS
+    phase = "preflight"
+    owner = None
+    if options.agent_user is None and not options.agent_on_host:
+        owner = await trio.to_thread.run_sync(workspace_owner, options.workspace)
+    user = choose_agent_user(options, owner)
+    docker_host = docker_host_from_env(env)
+    refusal = agent_mode_problems(options, user, os.getuid(), docker_host)
+    if not refusal and not options.agent_on_host and options.probe_runtime:
+        refusal = await trio.to_thread.run_sync(
+            agent_image_problems, docker_host, options.agent_image
+        )
+    if refusal:
+        problems_event(sink, "preflight_error", refusal)
+        sink.emit("preflight_failed", problems=len(refusal))
+        await summarize(state, status, phase, sink, env)
+        sink.emit("run_end", status=status, phase=phase)
+        return status
+    if options.agent_on_host and user is None:
+        degrade_unconfined(sink)
+    plan = plan_run(
+        options,
+        config,
+        env,
+        run_id=new_run_id(),
+        uid=os.getuid(),
+        euid=os.geteuid(),
+        socket_gid=None if user is None else user.gid,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals, sup, sink)
+            with sup.cancel:
+                if await execute_plan(plan, options, config, env, state, sink):
+                    for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
+                        env.pop(name, None)
+                    paths = plan.paths
+                    phase = "broker"
+                    state.work_quota = await mount_work_quota(
+                        paths.workspaces_dir, parse_memory_limit(config.memory_limit), sink
+                    )
+                    starter = start_broker or start_child_broker
+                    state.broker = broker = await starter(options, paths, env)
+                    sink.emit("broker_started")
+                    if await wait_ready(paths, broker, options.ready_timeout, sink):
+                        phase = "agent"
+                        progress = options.progress
+                        if progress is None:
+                            progress = sys.stderr.isatty()
+                        if progress:
+                            state.progress = AuditFollower()
+                            nursery.start_soon(
+                                partial(
+                                    follow_audit,
+                                    paths.audit_log,
+                                    print_progress,
+                                    follower=state.progress,
+                                )
+                            )
+                        status = await run_confined_agent(
+                            options,
+                            env,
+                            sup,
+                            user,
+                            sink,
+                            paths=paths,
+                            config=config,
+                            run_id=plan.run_id,
+                            docker_host=plan.docker_host,
+                            broker_pid=getattr(broker, "pid", None),
+                        )
+                        if broker.exited() is not None:
+                            state.degraded_notes.append(
+                                "the broker exited while the agent ran; later queries failed"
+                            )
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            status = final_status(status, sup.signal_number, sup.agent_done)
+            await teardown(state, sink, env, status=status, phase=phase, keep=options.keep_state)
+    return status

@@ -1,0 +1,77 @@
+"""Removing containers by label: the one reconcile every caller uses (spec 14.7, 14.8).
+
+Theory of operation: containers of a run carry the run label
+(``bounded-query.run=<run id>``); the agent container also carries its role
+and owner labels. Three callers remove labelled containers, all through
+:func:`remove_labelled`:
+
+* ``DockerRunner.reconcile`` (``docker_runner.py``): the broker at start and
+  shutdown removes every query container of its run;
+* the harness's teardown and ``compose-down`` (``harness/teardown.py``): once
+  the broker is gone, whatever is left with the run label (queries of a
+  broker that died, the agent container);
+* the harness's sweep of agent containers whose harness was killed
+  (``harness/agent.py``), with a ``select`` on the owner label.
+
+Each container is force-removed with its anonymous volumes; a container the
+engine no longer knows counts as removed, and a failed removal is tried once
+more (a concurrent "removal in progress" ends as gone). The functions block
+on the Engine API (a docker SDK ``APIClient``): async callers run them in a
+worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Removal", "remove_container", "remove_labelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """The outcome of one :func:`remove_labelled`: container ids, in listing order."""
+
+    removed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+
+def remove_container(api: Any, container: str) -> bool:
+    """Force-remove one container (by id or name) and its anonymous volumes; True when gone."""
+    import docker.errors
+
+    for _attempt in range(2):
+        try:
+            api.remove_container(container, v=True, force=True)
+        except docker.errors.NotFound:
+            return True
+        except Exception:  # the engine's reason does not change the retry
+            continue
+        return True
+    return False
+
+
+def remove_labelled(
+    api: Any,
+    label: str,
+    *,
+    select: Callable[[Mapping[str, str]], bool] | None = None,
+) -> Removal:
+    """Force-remove every container (running or not) matching the ``label`` filter.
+
+    ``label`` is an engine filter (``key=value`` or ``key``); with ``select``
+    only the containers whose labels it accepts are removed.
+
+    Raises:
+        Exception: whatever the engine raised listing the containers (nothing
+            was removed then).
+    """
+    removed: list[str] = []
+    failed: list[str] = []
+    for entry in api.containers(all=True, filters={"label": label}):
+        if select is not None and not select(entry.get("Labels") or {}):
+            continue
+        ident = str(entry["Id"])
+        (removed if remove_container(api, ident) else failed).append(ident)
+    return Removal(tuple(removed), tuple(failed))
