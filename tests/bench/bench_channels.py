@@ -60,14 +60,14 @@ def before_issue_9(runner: DockerRunner) -> Iterator[None]:
     saved_storage = docker_runner.private_storage
     saved_host_config = spec._host_config
 
-    def old_host_config(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def old_host_config(*args, **kwargs):
         config = saved_host_config(*args, **kwargs)
         for key in ("MaskedPaths", "ReadonlyPaths", "CpusetCpus"):
             config.pop(key, None)
         return config
 
-    docker_runner.private_storage = lambda *_a: False  # type: ignore[assignment]
-    spec._host_config = old_host_config  # type: ignore[assignment]
+    docker_runner.private_storage = lambda *_a: False
+    spec._host_config = old_host_config
     try:
         yield
     finally:

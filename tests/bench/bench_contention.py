@@ -68,7 +68,7 @@ open("/query/out", "w").write("true")
 """
 
 
-def _decoder(cpu: int, t0: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _decoder(cpu: int, t0: float, out: multiprocessing.Queue) -> None:
     os.sched_setaffinity(0, {cpu})
     counts = [0] * BITS
     end = t0 + BITS * SLOT_S
@@ -98,7 +98,7 @@ async def _trial(runner: DockerRunner, work: Path, seed: Path, kind: str, cpus: 
         .replace("__KIND__", kind)
         .replace("__BITS__", str(BITS))
     )
-    queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    queue: multiprocessing.Queue = multiprocessing.Queue()
     procs = [multiprocessing.Process(target=_decoder, args=(c, t0, queue)) for c in cpus]
     for p in procs:
         p.start()
@@ -137,12 +137,12 @@ async def run(runtime: str, trials: int, base: Path) -> None:
             for kind in ("cpu", "mem"):
                 if placement == "shared":
 
-                    def no_cpuset(*a, **k):  # type: ignore[no-untyped-def]
+                    def no_cpuset(*a, **k):
                         config = saved(*a, **k)
                         config.pop("CpusetCpus", None)
                         return config
 
-                    spec._host_config = no_cpuset  # type: ignore[assignment]
+                    spec._host_config = no_cpuset
                     cpus = list(range(host))
                 else:
                     spec._host_config = saved

@@ -11,6 +11,7 @@ median of several timed batches.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -148,7 +149,7 @@ def main() -> None:
         "worst case (6-deep arrays, 2**53 ints)": worst_case_schema(),
     }
     for name, obj in schemas.items():
-        per_s, us = rate(lambda obj=obj: parse_schema(obj))
+        per_s, us = rate(functools.partial(parse_schema, obj))
         rows.append(("parse_schema (object)", name, per_s, us))
     for name, obj in schemas.items():
         header = encode_schema_header(json.dumps(obj, separators=(",", ":")).encode())
@@ -157,7 +158,7 @@ def main() -> None:
             (b"x-awf-repo", b"octo/alpha"),
             (b"x-awf-schema-b64", header),
         ]
-        per_s, us = rate(lambda headers=headers: parse_frame(headers, b"print(1)"))
+        per_s, us = rate(functools.partial(parse_frame, headers, b"print(1)"))
         rows.append(("parse_frame (header path)", name, per_s, us))
 
     outputs = {
@@ -167,7 +168,7 @@ def main() -> None:
     for name, (obj, raw) in outputs.items():
         schema = parse_schema(obj)
         assert check_output(raw, schema) is not None
-        per_s, us = rate(lambda raw=raw, schema=schema: check_output(raw, schema))
+        per_s, us = rate(functools.partial(check_output, raw, schema))
         rows.append(("check_output", f"{name}, {len(raw)} B", per_s, us))
     obj, raw = output_8k_accepted()
     schema = parse_schema(obj)

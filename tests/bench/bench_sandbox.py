@@ -231,7 +231,7 @@ def main(argv: list[str]) -> int:
     print("| runtime | repo view | size | " + " | ".join(keys) + " |")
     print("|---|---|---|" + "---|" * len(keys))
     for runtime, mode, size, cell in results:
-        merged = {**cell["phases"], **cell["inner"]}  # type: ignore[dict-item]
+        merged: dict[str, float] = {**cell["phases"], **cell["inner"]}  # type: ignore[dict-item]
         print(
             f"| {runtime} | {mode} | {size} | "
             + " | ".join(f"{merged.get(k, 0.0):.3f}" for k in keys)

@@ -10,7 +10,6 @@ not one line per refusal; before this it was ~120 bytes a refusal, 1.2 MB per
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -32,7 +31,7 @@ AUDIT_BOUND_BYTES = 1024
 
 async def test_a_flood_past_the_cap_costs_no_journal_and_bounded_audit(tmp_path):
     doc = make_root(tmp_path, max_invocations=2)
-    sock = os.fspath(doc["socketPath"])
+    sock = str(doc["socketPath"])
     private = Path(str(doc["privateRoot"]))
     audit = private / "audit" / "audit.jsonl"
     journal = private / "state" / "journal"
@@ -86,7 +85,7 @@ async def test_after_a_flood_below_the_cap_a_valid_request_is_still_served(tmp_p
     """Below the cap every refusal is counted (journaled, one audit line each)."""
     flood = 600
     doc = make_root(tmp_path, max_invocations=flood + 10)
-    sock = os.fspath(doc["socketPath"])
+    sock = str(doc["socketPath"])
     private = Path(str(doc["privateRoot"]))
     audit = private / "audit" / "audit.jsonl"
     proc = start_broker(tmp_path / "broker.json")

@@ -18,6 +18,7 @@ from bounded_query.broker.journal import (
     JournalFile,
     Launched,
     Outcome,
+    Record,
     decode_journal,
     decode_payload,
     encode_record,
@@ -26,7 +27,7 @@ from bounded_query.broker.journal import (
 RUN = "ab" * 8
 INV = "0123456789abcdef" * 2
 
-SAMPLE = [
+SAMPLE: list[Record] = [
     Header(RUN),
     Admitted(INV, repo="octo/alpha", charge=5),
     Debit(INV, "octo/alpha", 5),
@@ -261,7 +262,10 @@ def test_disk_full_mid_record_leaves_no_torn_record_behind(tmp_path: Path):
                 os.close(fd)
             # Journal appends use up what the journal file's last page still
             # holds, until one fails part-way through its records.
-            batch = [Admitted(INV, repo="octo/internal", charge=5), Debit(INV, "octo/internal", 5)]
+            batch: list[Record] = [
+                Admitted(INV, repo="octo/internal", charge=5),
+                Debit(INV, "octo/internal", 5),
+            ]
             sizes = []
             with pytest.raises(OSError, match="No space left"):  # noqa: PT012 - loop until full
                 for _ in range(4096):

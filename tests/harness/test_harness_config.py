@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from typing import Any
 
 import pytest
 from bounded_query.harness.__main__ import main
@@ -20,7 +21,7 @@ from bounded_query.harness.config import (
     validate_section,
 )
 
-GOOD = {
+GOOD: dict[str, Any] = {
     "boundedQueries": {
         "enabled": True,
         "privateRepos": [

@@ -39,10 +39,10 @@ from bounded_query.broker.protocol import (
     strict_parse_json,
 )
 
-BOOL = {"type": "boolean"}
+BOOL: dict[str, object] = {"type": "boolean"}
 
 
-def integer(lo: int, hi: int) -> dict[str, object]:
+def integer(lo: object, hi: object) -> dict[str, object]:
     return {"type": "integer", "minimum": lo, "maximum": hi}
 
 
@@ -50,7 +50,7 @@ def obj(**fields: object) -> dict[str, object]:
     return {"type": "object", "fields": fields}
 
 
-def array(items: object, length: int) -> dict[str, object]:
+def array(items: object, length: object) -> dict[str, object]:
     return {"type": "array", "items": items, "length": length}
 
 

@@ -149,7 +149,7 @@ async def test_preflight_refuses_missing_image(engine):
 
 
 async def test_preflight_refuses_unregistered_runtime(engine, monkeypatch):
-    import bounded_query.sandbox.docker_runner as dr
+    import bounded_query.sandbox.spec as sandbox_spec
 
     cfg = settings("gvisor")
     runner = DockerRunner(cfg)
@@ -157,7 +157,7 @@ async def test_preflight_refuses_unregistered_runtime(engine, monkeypatch):
     with pytest.raises(RunnerUnavailable, match="not registered"):
         await runner.preflight()
     runner.close()
-    assert dr.RUNTIMES["gvisor"] == "runsc"  # no fallback table was touched
+    assert sandbox_spec.RUNTIMES["gvisor"] == "runsc"  # no fallback table was touched
 
 
 async def test_preflight_unreachable_engine():

@@ -33,7 +33,7 @@ class FakeAPI:
         self.fail_remove = 0  # how many remove_container calls raise
         self.block_wait = False
         self.released = threading.Event()
-        self.runtimes = {"runc": {}, "runsc": {}}
+        self.runtimes: dict[str, dict[str, object]] = {"runc": {}, "runsc": {}}
         self.images = {"bounded-query-python:latest"}
         self.listed: list[dict[str, str]] = []
         self.prep_exit = 0

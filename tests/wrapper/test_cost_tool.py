@@ -169,6 +169,7 @@ def test_sibling_package_is_preferred(wrapper_dir):
     loaded = cost.load_protocol(str(wrapper_dir))
     try:
         assert loaded.__name__ == "bq_protocol"
+        assert loaded.__file__ is not None
         assert Path(loaded.__file__).parent == wrapper_dir / "bq_protocol"
         for schema, *_ in CASES:
             assert cost.assess(schema.encode(), loaded) == cost.assess(schema.encode(), protocol)

@@ -12,11 +12,13 @@ the CLI wrapper's framing of the same question.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cli as cli
 from mcp import Client, StdioServerParameters
+from mcp.types import TextContent, TextResourceContents
 
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import (
@@ -31,6 +33,15 @@ from tests.wrapper.mcp_fixtures import (
 MODES = {"legacy": "2025-11-25", "auto": MODERN, MODERN: MODERN}
 OK = b'{"status":"ok","result":{"tag":"major","value":[2,"\xc3\xa9\\n"]}}'
 SCRIPT = 'import json\njson.dump(True, open("/query/out", "w"))\n'
+
+
+def texts(items: Sequence[object]) -> list[str]:
+    """The text of every item; any other kind of content fails the test."""
+    out = []
+    for item in items:
+        assert isinstance(item, (TextContent, TextResourceContents)), item
+        out.append(item.text)
+    return out
 
 
 def params(tmp_path, socket_path):
@@ -58,7 +69,7 @@ async def test_sdk_lists_calls_and_reads(tmp_path, mode):
             )
             assert not answer.is_error
             assert answer.structured_content == json.loads(OK)
-            assert [c.text for c in answer.content] == [OK.decode()]
+            assert texts(answer.content) == [OK.decode()]
 
             cost = await client.call_tool("bounded_query_cost", {"schema": BOOLEAN})
             assert not cost.is_error
@@ -69,7 +80,7 @@ async def test_sdk_lists_calls_and_reads(tmp_path, mode):
             resources = await client.list_resources()
             assert [str(r.uri) for r in resources.resources] == ["bounded-query://SKILL.md"]
             read = await client.read_resource("bounded-query://SKILL.md")
-            assert [c.text for c in read.contents] == [SKILL_TEXT]
+            assert texts(read.contents) == [SKILL_TEXT]
         # Exactly one broker request, byte-identical to the CLI's for the same question.
         assert broker.requests == [
             cli.build_request("octo/alpha", BOOLEAN.encode(), SCRIPT.encode())
@@ -86,7 +97,7 @@ async def test_sdk_sees_the_canonical_error_and_invalid_cost(tmp_path, mode):
             )
             assert not answer.is_error
             assert answer.structured_content == {"status": "error"}
-            assert [c.text for c in answer.content] == ['{"status":"error"}']
+            assert texts(answer.content) == ['{"status":"error"}']
             cost = await client.call_tool("bounded_query_cost", {"schema": '{"type":"nope"}'})
             assert not cost.is_error
             assert cost.structured_content["valid"] is False

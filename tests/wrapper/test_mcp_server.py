@@ -12,6 +12,7 @@ import ast
 import json
 import sys
 import time
+from typing import Any
 
 import jsonschema
 import pytest
@@ -65,6 +66,7 @@ def answer(session: mcp.Session, line: bytes):
     out = session.handle_line(line.rstrip(b"\n"))
     if isinstance(out, mcp.Deferred):
         out = out.finish(out.work())
+    assert out is None or isinstance(out, bytes)
     return None if out is None else json.loads(out)
 
 
@@ -259,7 +261,8 @@ HOSTILE = [
     (b'{"jsonrpc":"2.0","id":18,"method":"resources/read","params":{}}', -32602, 18),
 ]
 
-ARGS_CASES = [
+# The tool name is Any: one case sends a number where a name belongs.
+ARGS_CASES: list[tuple[Any, object]] = [
     ("bounded_query", {**QUESTION, "repo": 5}),
     ("bounded_query", {**QUESTION, "extra": "x"}),
     ("bounded_query", {"repo": "octo/alpha", "schema": BOOLEAN}),
@@ -532,8 +535,8 @@ def test_mcp_file_is_stdlib_only_python_3_8_without_relative_imports():
     text = MCP_FILE.read_text(encoding="utf-8")
     assert text.startswith('#!/bin/sh\n"""exec" python3 -I "$0" "$@"\n')
     tree = ast.parse(text, feature_version=(3, 8))
-    names = set()
-    fallbacks = set()
+    names: set[str] = set()
+    fallbacks: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)

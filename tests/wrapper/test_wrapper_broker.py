@@ -67,6 +67,7 @@ def live_broker() -> Iterator[LiveBroker]:
             deadline = time.monotonic() + READY_TIMEOUT_S
             while not ready.exists():
                 if proc.poll() is not None:
+                    assert proc.stderr is not None
                     pytest.fail(f"broker exited {proc.returncode}: {proc.stderr.read()!r}")
                 if time.monotonic() > deadline:
                     pytest.fail("broker did not become ready")

@@ -167,7 +167,7 @@ def test_wrapper_file_parses_as_python_3_8():
 
 def test_wrapper_file_imports_only_the_standard_library():
     tree = ast.parse(WRAPPER_FILE.read_text(encoding="utf-8"))
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
