@@ -11,7 +11,8 @@ Theory of operation:
   seeds (``warm``), bind the socket (directory 0770, socket 0660, optional
   owner), and only then write the readiness file ``control/ready``.
 * **Serving**: ``trio.serve_listeners`` accepts (it also backs off on the
-  capacity errnos EMFILE, ENFILE, ENOBUFS and ENOMEM) from a
+  capacity errnos EMFILE, ENFILE, ENOBUFS and ENOMEM, every 100 ms; its log
+  becomes a decimated JSON line, :func:`json_accept_log`) from a
   :class:`GatedListener` and starts one handler task per connection in the
   handler nursery. A ``trio.CapacityLimiter`` is the connection cap: a
   handler that finds no free slot answers the canonical error (through the
@@ -46,9 +47,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import json
+import logging
 import os
 import socket
 import stat
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
@@ -138,6 +143,47 @@ def _write_ready(path: Path) -> None:
     tmp.write_text(f"{os.getpid()}\n")
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+class _AcceptBackoffLog(logging.Handler):
+    """``trio.serve_listeners``' capacity-errno complaint as one JSON line, decimated.
+
+    trio logs every retry (every 100 ms while descriptors are exhausted) with
+    a traceback; the broker's stderr carries single JSON lines only, so the
+    operator gets the 1st, 10th, 100th, ... occurrence with its count.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        if str(self.count).strip("0") != "1":
+            return
+        exc = record.exc_info[1] if record.exc_info else None
+        code = exc.errno if isinstance(exc, OSError) and exc.errno is not None else None
+        line = {
+            "event": "broker-accept-backoff",
+            "errno": errno.errorcode.get(code, "?") if code is not None else "?",
+            "count": self.count,
+        }
+        print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def json_accept_log() -> Iterator[_AcceptBackoffLog]:
+    """Route ``trio.serve_listeners``' log to :class:`_AcceptBackoffLog` while serving."""
+    logger = logging.getLogger("trio.serve_listeners")
+    handler = _AcceptBackoffLog()
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 class GatedListener(trio.abc.Listener[trio.SocketStream]):
@@ -295,18 +341,23 @@ class BrokerServer:
         self, listener: GatedListener, task_status: trio.TaskStatus[None]
     ) -> None:
         """Serve connections until :meth:`stop`; then the stop grace as a nursery deadline."""
-        assert self.service is not None
-        serve = functools.partial(trio.serve_listeners, self._handle, [listener])
-        async with trio.open_nursery() as handlers:
-            async with trio.open_nursery() as acceptor:
-                await acceptor.start(functools.partial(serve, handler_nursery=handlers))
-                task_status.started()
-                await self._stop.wait()
-                self.service.accepting = False
-                acceptor.cancel_scope.cancel()  # serve_listeners closes the listener
-            # The in-flight invocation may finish within the grace; whatever is
-            # still running at the deadline is cancelled.
-            handlers.cancel_scope.deadline = trio.current_time() + self.grace_s
+        service = self.service
+        assert service is not None
+        with json_accept_log():
+            async with trio.open_nursery() as handlers:
+                async with trio.open_nursery() as acceptor:
+                    await acceptor.start(
+                        functools.partial(
+                            trio.serve_listeners, self._handle, [listener], handler_nursery=handlers
+                        )
+                    )
+                    task_status.started()
+                    await self._stop.wait()
+                    service.accepting = False
+                    acceptor.cancel_scope.cancel()  # serve_listeners closes the listener
+                # The in-flight invocation may finish within the grace; whatever
+                # is still running at the deadline is cancelled.
+                handlers.cancel_scope.deadline = trio.current_time() + self.grace_s
 
     async def _warm(self) -> None:
         """Let the runner prepare seeds before we listen.

@@ -12,6 +12,8 @@ when ``serve`` returns, whichever way it returns.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 
 import pytest
@@ -221,3 +223,102 @@ async def test_the_cap_serves_exactly_cap_connections_and_refuses_the_rest(tmp_p
     assert categories[:5] == ["connection-cap"] * 5
     assert categories.count(None) == 2  # the two served requests
     assert categories.count("http-malformed") == cap - 1  # the half heads cut short
+
+
+# -- accepting: the gate and trio.serve_listeners' capacity back-off -------------
+
+
+class _ExhaustedListener(trio.abc.Listener[trio.SocketStream]):
+    """Fails ``failures`` accepts with EMFILE, then hands out one real stream, then blocks."""
+
+    def __init__(self, failures: int, stream: trio.SocketStream) -> None:
+        self.failures = failures
+        self.stream: trio.SocketStream | None = stream
+        self.attempts: list[float] = []
+
+    async def accept(self) -> trio.SocketStream:
+        await trio.lowlevel.checkpoint()
+        self.attempts.append(trio.current_time())
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        if self.stream is None:
+            await trio.sleep_forever()
+        stream, self.stream = self.stream, None
+        return stream
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_descriptor_exhaustion_backs_off_and_logs_one_json_line_per_decade(
+    autojump_clock, tmp_path, capfd
+):
+    from bounded_query.broker.audit import AuditLog
+    from bounded_query.broker.server import GatedListener, json_accept_log
+
+    from tests.broker.test_service_timing import make_service
+
+    config, seed_map = load(make_root(tmp_path))
+    audit = AuditLog(config.audit_path)
+    service = make_service(config, seed_map, audit)
+    left, right = trio.socket.socketpair()
+    inner = _ExhaustedListener(12, trio.SocketStream(left))
+    handled: list[trio.SocketStream] = []
+
+    async def handler(stream: trio.SocketStream) -> None:
+        handled.append(stream)
+
+    with json_accept_log():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, handler, [GatedListener(inner, service)])
+            while not handled:  # noqa: ASYNC110 - accepted in another task
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    right.close()
+    service.accounts.close()
+    audit.close()
+    gaps = [b - a for a, b in zip(inner.attempts, inner.attempts[1:], strict=False)]
+    assert gaps[:12] == [pytest.approx(0.1)] * 12  # trio's back-off between retries
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines()]
+    assert lines == [
+        {"count": 1, "errno": "EMFILE", "event": "broker-accept-backoff"},
+        {"count": 10, "errno": "EMFILE", "event": "broker-accept-backoff"},
+    ]
+
+
+async def test_the_gated_listener_accepts_nothing_while_a_query_holds_the_lane(
+    autojump_clock, tmp_path
+):
+    from bounded_query.broker.audit import AuditLog
+    from bounded_query.broker.server import GatedListener
+
+    from tests.broker.helpers import raw_request
+    from tests.broker.test_service_timing import make_service
+
+    config, seed_map = load(make_root(tmp_path))
+    audit = AuditLog(config.audit_path)
+    service = make_service(config, seed_map, audit)
+    left, right = trio.socket.socketpair()
+    inner = _ExhaustedListener(0, trio.SocketStream(left))
+    accepted: list[float] = []
+    answered: list[float] = []
+
+    async def send(body: bytes) -> None:
+        answered.append(trio.current_time())
+
+    async def accept() -> None:
+        stream = await GatedListener(inner, service).accept()
+        accepted.append(trio.current_time())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(service.handle, raw_request(request_bytes("sleep 3\nwrite true")), send)
+        await trio.sleep(0.5)
+        nursery.start_soon(accept)
+    right.close()
+    service.accounts.close()
+    audit.close()
+    assert answered == [pytest.approx(10.0)]  # the 10 s bucket
+    assert accepted == [pytest.approx(10.0)]  # not one accept before the answer
+    assert inner.attempts == [pytest.approx(10.0)]
