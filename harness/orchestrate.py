@@ -66,16 +66,24 @@ from .tokens import scrub_process_environment
 __all__ = ["run", "wait_ready"]
 
 
+def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[bool, int | None]:
+    """(ready, exit status) of the broker (blocking: a stat, and for the compose
+    service an engine call)."""
+    if paths.ready_file.exists():
+        return True, None
+    return False, broker.exited()
+
+
 async def wait_ready(
     paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
 ) -> bool:
     """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first."""
     with trio.move_on_after(limit_s):
         while True:
-            if await trio.to_thread.run_sync(paths.ready_file.exists):
+            ready, status = await trio.to_thread.run_sync(_probe_ready, paths, broker)
+            if ready:
                 sink.emit("broker_ready")
                 return True
-            status = broker.exited()
             if status is not None:
                 sink.emit("broker_failed", message=f"the broker exited with status {status}")
                 return False
@@ -203,7 +211,7 @@ async def run(
                             docker_host=plan.docker_host,
                             broker_pid=getattr(broker, "pid", None),
                         )
-                        if broker.exited() is not None:
+                        if await trio.to_thread.run_sync(broker.exited) is not None:
                             state.degraded_notes.append(
                                 "the broker exited while the agent ran; later queries failed"
                             )
