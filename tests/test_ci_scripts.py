@@ -46,12 +46,12 @@ def test_missing_tools_are_named(tmp_path):
 def test_make_test_checks_before_anything_else():
     """The check is make test's first prerequisite, and make test installs nothing."""
     text = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
-    rules = {}
+    rules: dict[str, tuple[list[str], str]] = {}
     for block in text.split("\n\n"):
         for line in block.splitlines():
             if ":" in line and not line.startswith(("\t", "#", " ", ".")) and "=" not in line:
-                target, _, prereqs = line.partition(":")
-                rules[target] = (prereqs.split(), block)
+                target, _, after = line.partition(":")
+                rules[target] = (after.split(), block)
     prereqs, block = rules["test"]
     assert prereqs[0] == "provisioned"
     assert not {"install", "engine", "images", "test-tools", "provision"} & set(prereqs)
