@@ -204,36 +204,35 @@ class RefusalSummary:
         return sum(n for _, n in self.counts)
 
 
-def format_summary(summary: RefusalSummary) -> bytes:
-    """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
+def _log_line(category: str, wall_time: float, **extra: object) -> bytes:
+    """A record about the log itself: the keys of a record, no invocation, plus ``extra``."""
     obj: dict[str, object] = {
         "invocationId": "-",
         "repo": None,
         "sensitivity": None,
         "charge": None,
         "bucketMs": None,
-        "category": SUMMARY_CATEGORY,
-        "time": summary.wall_time,
-        "since": summary.since,
-        "counts": dict(summary.counts),
-        "total": summary.total,
+        "category": category,
+        "time": wall_time,
+        **extra,
     }
-    return _line(obj, summary.wall_time)
+    return _line(obj, wall_time)
+
+
+def format_summary(summary: RefusalSummary) -> bytes:
+    """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
+    return _log_line(
+        SUMMARY_CATEGORY,
+        summary.wall_time,
+        since=summary.since,
+        counts=dict(summary.counts),
+        total=summary.total,
+    )
 
 
 def truncation_marker(wall_time: float, skipped: int) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
-    obj: dict[str, object] = {
-        "invocationId": "-",
-        "repo": None,
-        "sensitivity": None,
-        "charge": None,
-        "bucketMs": None,
-        "category": TRUNCATED_CATEGORY,
-        "time": wall_time,
-        "skipped": skipped,
-    }
-    return _line(obj, wall_time)
+    return _log_line(TRUNCATED_CATEGORY, wall_time, skipped=skipped)
 
 
 @dataclass
