@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from bounded_query.broker.admission import (
@@ -330,3 +331,29 @@ def test_every_failure_category_is_covered():
 def test_an_answer_exactly_when_ok(category, canonical):
     with pytest.raises(ValueError, match="exactly when"):
         Classified(category, canonical)
+
+
+# -- the layering -------------------------------------------------------------
+
+
+def _imports(module: str) -> set[str]:
+    import ast
+    import importlib
+
+    path = importlib.import_module(module).__file__
+    assert path is not None
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_core_is_pure_and_the_pipeline_never_sees_the_transport():
+    core = _imports("bounded_query.broker.admission")
+    assert not core & {"trio", "os", "socket", "docker", "h11", "time"}
+    assert "bounded_query.broker.http" not in core
+    assert "bounded_query.broker.http" not in _imports("bounded_query.broker.service")
