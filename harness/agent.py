@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import trio
 from bounded_query.sandbox.docker_runner import API_VERSION
-from bounded_query.sandbox.reconcile import remove_labelled
+from bounded_query.sandbox.reconcile import remove_container, remove_labelled
 
 from .agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT, AgentContainer, AgentUser
 from .agent_spec import container_body as _container_body
@@ -330,8 +330,7 @@ class ContainerAgent:
         _close_attached(self._attached)
 
         def remove() -> None:
-            with contextlib.suppress(Exception):
-                self._api.remove_container(self._id, force=True, v=True)
+            remove_container(self._api, self._id)
             with contextlib.suppress(Exception):
                 self._api.close()
 
@@ -368,8 +367,7 @@ async def start_container_agent(
             if attached is not None:
                 _close_attached(attached)
             if container_id:
-                with contextlib.suppress(Exception):
-                    api.remove_container(container_id, force=True, v=True)
+                remove_container(api, container_id)
             api.close()
             explanation = getattr(exc, "explanation", None) or str(exc)
             raise AgentStartError(f"agent container: {explanation}"[:500]) from None

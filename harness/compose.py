@@ -427,7 +427,7 @@ class ComposeBroker:
 
     async def stop(self) -> int | None:
         """``docker-compose down`` (stops and removes both services)."""
-        code = self.exited()
+        code = await trio.to_thread.run_sync(self.exited)  # docker inspect
         await trio.to_thread.run_sync(
             lambda: run_compose(
                 self.project,
