@@ -20,6 +20,7 @@ from bounded_query.broker.journal import (
     JournalFile,
     Launched,
     Outcome,
+    Record,
     decode_journal,
     encode_record,
 )
@@ -91,6 +92,7 @@ async def test_startup_closes_in_flight_and_clears_stale_work(tmp_path):
         assert runner.reconciled == 1
         assert runner.preflights == 1
         assert runner.calls == []  # interrupted invocations are never re-run
+        assert server.service is not None
         ledger = server.service.accounts.ledger
         assert ledger.spent("octo/internal") == 14  # never refunded
         assert ledger.invocations == 3
@@ -116,7 +118,11 @@ async def test_startup_refuses_corrupt_journal(tmp_path):
     from bounded_query.broker.journal import JournalCorrupt
 
     config, seed_map = load(make_root(tmp_path))
-    records = [Header(RUN_ID), Admitted("aa", rejection="x"), Admitted("bb", rejection="x")]
+    records: list[Record] = [
+        Header(RUN_ID),
+        Admitted("aa", rejection="x"),
+        Admitted("bb", rejection="x"),
+    ]
     data = bytearray(b"".join(encode_record(r) for r in records))
     data[len(encode_record(records[0])) + 10] ^= 0xFF  # damage the middle record
     config.journal_path.parent.mkdir(parents=True)
@@ -215,7 +221,7 @@ def test_refuses_to_start_on_bad_config(tmp_path):
 def test_refuses_to_start_on_corrupt_journal_with_exit_2(tmp_path):
     """The real process: one JSON line and exit 2, not a traceback (exit 1)."""
     doc = make_root(tmp_path)
-    journal = Path(doc["privateRoot"]) / "state" / "journal"
+    journal = Path(str(doc["privateRoot"])) / "state" / "journal"
     journal.parent.mkdir(parents=True, exist_ok=True)
     journal.write_bytes(b"\x00\x00\x00\x05\x00\x00\x00\x00hello" * 2)  # bad checksum
     config_path = tmp_path / "broker.json"
@@ -270,6 +276,7 @@ def test_sigkill_during_50_invocations(tmp_path):
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
+        assert client.stdin is not None
         client.stdin.write(raw)
         client.stdin.close()
         client.stdin = None  # communicate() must not flush it again

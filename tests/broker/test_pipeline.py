@@ -221,6 +221,7 @@ async def test_max_invocations_counts_rejections(tmp_path):
         assert body_of(await exchange(sock, request_bytes("write true"))) == OK_TRUE
         assert body_of(await exchange(sock, request_bytes("write true"))) == ERROR
         assert len(runner.calls) == 2
+        assert server.service is not None
         assert server.service.accounts.ledger.invocations == 3
         server.stop()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from bounded_query.broker.audit import AuditRecord, RefusalSummary, format_record, format_summary
-from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, encode_record
+from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, Record, encode_record
 from bounded_query.harness.__main__ import UsageError, main, parse_seed_sources
 from bounded_query.harness.child import broker_environment
 from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
@@ -22,7 +22,7 @@ REPOS = [("octo/alpha", "internal"), ("octo/docs", "public"), ("octo/vault", "se
 
 
 def journal_bytes() -> bytes:
-    records = [
+    records: list[Record] = [
         Header("ab" * 8),
         Admitted("01", repo="Octo/Alpha", charge=5),
         Debit("01", "Octo/Alpha", 5),
@@ -177,7 +177,7 @@ def test_run_usage_errors_exit_2(tmp_path, capsys):
 
 
 def _explained_state() -> tuple[bytes, bytes]:
-    records = [
+    records: list[Record] = [
         Header("cd" * 8),
         Admitted("a1", repo="octo/alpha", charge=5),
         Debit("a1", "octo/alpha", 5),

@@ -10,7 +10,7 @@ the summary too, never a silently different total.
 from __future__ import annotations
 
 import trio
-from bounded_query.broker.journal import Admitted, Debit, Header, Launched, encode_record
+from bounded_query.broker.journal import Admitted, Debit, Header, Launched, Record, encode_record
 from bounded_query.harness.summary import render_summary, usage_from_state
 
 from tests.broker.conftest import serving
@@ -35,6 +35,7 @@ async def test_the_summary_reports_what_the_broker_accounts_hold(tmp_path):
     async with serving(doc) as broker:
         for raw in requests:
             await exchange(broker.socket, raw)
+        assert broker.server.service is not None
         accounts = broker.server.service.accounts
         with trio.fail_after(10):  # a transport refusal is counted after its answer
             while accounts.invocations < len(requests):  # noqa: ASYNC110 - other tasks count
@@ -63,7 +64,7 @@ async def test_the_summary_reports_what_the_broker_accounts_hold(tmp_path):
 
 def test_a_journal_the_broker_would_refuse_is_unreadable_in_the_summary():
     repos = list(REPOS.items())
-    consistent = [Header("ab" * 8), Admitted("01", repo="octo/internal", charge=5)]
+    consistent: list[Record] = [Header("ab" * 8), Admitted("01", repo="octo/internal", charge=5)]
     good = b"".join(encode_record(r) for r in [*consistent, Debit("01", "octo/internal", 5)])
     assert usage_from_state(repos, good, b"").repos[1].spent_bits == 5
     for tail in (
