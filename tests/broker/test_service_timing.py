@@ -255,3 +255,28 @@ async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, s
     assert service.accounts.invocations == counted
     assert service.config.journal_path.stat().st_size == journal_size
     assert dict(service._tally.pending) == {"halted-after-overflow": 50, "http-malformed": 50}
+
+
+async def test_audit_times_come_from_the_injected_wall_clock(autojump_clock, tmp_path):
+    """The wall clock is a collaborator: every audit line carries its reading."""
+    import json
+
+    config, seed_map = load(make_root(tmp_path, max_invocations=2))
+    audit = AuditLog(config.audit_path)
+    readings = iter([1_700_000_000.12345, 1_700_000_001.5, 1_700_000_002.0, 1_700_000_003.0])
+    svc = make_service(config, seed_map, audit, wall_clock=lambda: next(readings))
+    try:
+        assert (await _answer(svc, request_bytes("write true")))[0] == OK
+        await svc.count_refusal("http-malformed")
+        assert (await _answer(svc, request_bytes("write true")))[0] == ERROR  # past the cap
+        await svc.flush_audit()
+    finally:
+        svc.accounts.close()
+        audit.close()
+    lines = [json.loads(line) for line in config.audit_path.read_bytes().splitlines()]
+    assert [(line["category"], line["time"]) for line in lines] == [
+        ("ok", 1_700_000_000.123),
+        ("http-malformed", 1_700_000_001.5),
+        ("refusal-summary", 1_700_000_003.0),
+    ]
+    assert lines[0]["timestamp"] == "2023-11-14T22:13:20.123Z"
