@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.sandbox.docker_runner import API_VERSION
-from bounded_query.sandbox.reconcile import remove_labelled
+from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
 
 from .config import BoundedQueriesConfig
 from .events import EventSink, append_step_summary
@@ -68,9 +68,11 @@ class RunState:
 
 
 def reconcile_containers(docker_host: str, run_id: str) -> int:
-    """Force-remove every container labelled with ``run_id``; the count (blocking).
+    """Force-remove every container, then every volume, labelled with ``run_id``.
 
-    The one label reconcile (``sandbox/reconcile.py``), as the broker runs it.
+    The one label reconcile (``sandbox/reconcile.py``), as the broker runs it,
+    plus the volumes a killed broker left (mounted under the private root).
+    Returns the number of containers removed (blocking).
 
     Raises:
         Exception: the engine could not be reached or could not list containers.
@@ -79,7 +81,9 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
 
     api = docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=RECONCILE_TIMEOUT_S)
     try:
-        return len(remove_labelled(api, f"{LABEL_RUN}={run_id}").removed)
+        removed = remove_labelled(api, f"{LABEL_RUN}={run_id}").removed
+        remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}")
+        return len(removed)
     finally:
         api.close()
 

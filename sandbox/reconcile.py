@@ -15,7 +15,14 @@ and owner labels. Three callers remove labelled containers, all through
 
 Each container is force-removed with its anonymous volumes; a container the
 engine no longer knows counts as removed, and a failed removal is tried once
-more (a concurrent "removal in progress" ends as gone). The functions block
+more (a concurrent "removal in progress" ends as gone).
+
+The broker's named volumes (the per-seed view layers and the per-invocation
+overlays, ``overlay.py``) carry the run label too. A broker that shuts down
+removes its own; one that was killed leaves them, so once the containers are
+gone the harness's teardown and ``compose-down`` also remove every volume
+with the run label (:func:`remove_labelled_volumes`): an overlay volume under
+the private root must be unmounted before the root and its quota go. The functions block
 on the Engine API (a docker SDK ``APIClient``): async callers run them in a
 worker thread.
 """
@@ -26,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Removal", "remove_container", "remove_labelled"]
+__all__ = ["Removal", "remove_container", "remove_labelled", "remove_labelled_volumes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,4 +81,36 @@ def remove_labelled(
             continue
         ident = str(entry["Id"])
         (removed if remove_container(api, ident) else failed).append(ident)
+    return Removal(tuple(removed), tuple(failed))
+
+
+def remove_labelled_volumes(api: Any, label: str) -> Removal:
+    """Force-remove every volume matching the ``label`` filter (after its containers).
+
+    A volume the engine no longer knows counts as removed; a failed removal
+    (for example "volume is in use" while a removed container's mount is
+    released) is tried once more.
+
+    Raises:
+        Exception: whatever the engine raised listing the volumes (nothing
+            was removed then).
+    """
+    import docker.errors
+
+    removed: list[str] = []
+    failed: list[str] = []
+    listing = api.volumes(filters={"label": label}) or {}
+    for entry in listing.get("Volumes") or ():
+        name = str(entry["Name"])
+        for _attempt in range(2):
+            try:
+                api.remove_volume(name, force=True)
+            except docker.errors.NotFound:
+                pass
+            except Exception:  # the engine's reason does not change the retry
+                continue
+            removed.append(name)
+            break
+        else:
+            failed.append(name)
     return Removal(tuple(removed), tuple(failed))

@@ -4,8 +4,11 @@
   error classes: a vanished container counts as removed, one failed attempt
   is retried, two are reported, ``select`` filters, a listing failure
   propagates before anything is removed.
+* ``remove_labelled_volumes`` against a fake: exactly the labelled volumes
+  go, one failure is retried, two are reported.
 * ``teardown.reconcile_containers`` on the real engine: exactly the
-  containers of its run id go, running or not; another run's stay.
+  containers of its run id go, running or not, then the volumes of its run
+  id (what a killed broker leaves); another run's stay.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import docker.errors
 import pytest
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness.teardown import reconcile_containers
-from bounded_query.sandbox.reconcile import Removal, remove_container, remove_labelled
+from bounded_query.sandbox.reconcile import (
+    Removal,
+    remove_container,
+    remove_labelled,
+    remove_labelled_volumes,
+)
 
 QUERY_IMAGE = "bounded-query-python:latest"
 
@@ -105,6 +113,78 @@ def test_a_listing_failure_propagates_and_removes_nothing():
     with pytest.raises(docker.errors.APIError):
         remove_labelled(engine, f"{LABEL_RUN}=A")
     assert engine.removals == []
+
+
+class FakeVolumes:
+    """The two Engine API volume calls, over an in-memory table."""
+
+    def __init__(self, volumes: dict[str, dict[str, str]], failures: dict[str, int]) -> None:
+        self.table, self.failures = volumes, failures
+        self.removals: list[str] = []
+
+    def volumes(self, filters: dict[str, str] | None = None):
+        key, _, value = (filters or {})["label"].partition("=")
+        found = [
+            {"Name": name, "Labels": labels}
+            for name, labels in self.table.items()
+            if labels.get(key) == value
+        ]
+        return {"Volumes": found or None, "Warnings": None}
+
+    def remove_volume(self, name: str, force: bool = False) -> None:
+        assert force
+        self.removals.append(name)
+        if self.failures.get(name, 0) > 0:
+            self.failures[name] -= 1
+            raise docker.errors.APIError("volume is in use")
+        if name not in self.table:
+            raise docker.errors.NotFound("no such volume")
+        del self.table[name]
+
+
+def test_removes_exactly_the_labelled_volumes_retrying_once():
+    engine = FakeVolumes(
+        {
+            "a-view": run_labels("A"),
+            "a-inv": run_labels("A"),
+            "a-busy": run_labels("A"),
+            "b-view": run_labels("B"),
+            "plain": {},
+        },
+        {"a-inv": 1, "a-busy": 2},
+    )
+    removal = remove_labelled_volumes(engine, f"{LABEL_RUN}=A")
+    assert removal == Removal(("a-view", "a-inv"), ("a-busy",))
+    assert set(engine.table) == {"a-busy", "b-view", "plain"}
+    assert remove_labelled_volumes(engine, f"{LABEL_RUN}=none") == Removal()
+
+
+@pytest.mark.engine
+def test_reconcile_removes_the_volumes_of_its_run_only(docker_client):
+    mine, other = f"bq-reconcile-vol-{os.getpid()}", f"bq-reconcile-vol-other-{os.getpid()}"
+    made = []
+    try:
+        for name, run in (("view", mine), ("inv", mine), ("other", other)):
+            made.append(docker_client.volumes.create(f"{run}-{name}", labels={LABEL_RUN: run}))
+        # A stopped container of the run still uses one of them: it goes first.
+        container = docker_client.containers.create(
+            QUERY_IMAGE,
+            ["true"],
+            labels={LABEL_RUN: mine},
+            network_mode="none",
+            volumes={f"{mine}-inv": {"bind": "/v", "mode": "rw"}},
+        )
+        assert reconcile_containers("unix:///var/run/docker.sock", mine) == 1
+        with pytest.raises(docker.errors.NotFound):
+            container.reload()
+        left = {v.name for v in docker_client.volumes.list(filters={"label": LABEL_RUN})}
+        assert f"{mine}-view" not in left
+        assert f"{mine}-inv" not in left
+        assert f"{other}-other" in left
+    finally:
+        for volume in made:
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)
 
 
 @pytest.mark.engine
