@@ -22,9 +22,10 @@ effect between steps, never between creating the root and recording it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import trio
@@ -40,7 +41,7 @@ from .preflight import runtime_problems, staging_token, static_problems
 from .reporting import problems_event
 from .staging import StagedSeed, StagingError, create_private_root, stage_seeds
 from .sweep import MODE_COMPOSE, current_owner, sweep_stale_roots, write_owner_record
-from .teardown import RunState, remove_created_roots
+from .teardown import RunState, reconcile_containers, remove_created_roots
 
 __all__ = ["PreparedRun", "execute_plan", "new_run_id", "prepare"]
 
@@ -61,8 +62,15 @@ async def _sweep_agents(docker_host: str, sink: EventSink) -> None:
         await trio.to_thread.run_sync(sweep_agent_containers, docker_host, sink)
 
 
+def _run_reconciler(docker_host: str) -> Callable[[str], object] | None:
+    """The sweep's per-run reconcile on ``docker_host`` (a local engine only)."""
+    if not docker_host.startswith("unix://"):
+        return None
+    return functools.partial(reconcile_containers, docker_host)
+
+
 def _write_owner(plan: RunPlan) -> None:
-    write_owner_record(plan.paths.private_root, current_owner(plan.owner_mode))
+    write_owner_record(plan.paths.private_root, current_owner(plan.owner_mode, plan.run_id))
 
 
 def _write_outputs(plan: RunPlan, config: BoundedQueriesConfig, seeds: list[StagedSeed]) -> None:
@@ -83,7 +91,9 @@ async def execute_plan(
     sink: EventSink,
 ) -> bool:
     """Sweep, preflight, staging and outputs; False after a reported failure."""
-    await trio.to_thread.run_sync(sweep_stale_roots, options.base, plan.uid, sink)
+    await trio.to_thread.run_sync(
+        sweep_stale_roots, options.base, plan.uid, sink, _run_reconciler(plan.docker_host)
+    )
     await _sweep_agents(plan.docker_host, sink)
     state.run_id = plan.run_id
     state.docker_host = plan.docker_host

@@ -11,7 +11,7 @@ So every root carries an *owner record*, ``<privateRoot>/control/harness.json``
 private root is created::
 
     {"version": 1, "mode": "run", "pid": 1234, "startTime": 5678,
-     "bootId": "...", "pidNamespace": "pid:[4026531836]"}
+     "bootId": "...", "pidNamespace": "pid:[4026531836]", "runId": "..."}
 
 ``startTime`` is field 22 of ``/proc/<pid>/stat`` (clock ticks since boot),
 so a reused PID is told apart from the owner. The detached ``compose``
@@ -38,6 +38,16 @@ below the private root (deepest first, lazily if busy; a mount that cannot
 be unmounted keeps the root), then deletes the ingress root with the same
 ``<uid>-<digest>`` suffix and the private root with the helper teardown
 uses. Nothing outside ``<base>/<prefix><uid>-*`` is touched.
+
+The dead run's engine objects go first: its broker died with it, but the
+query containers it had started (no in-container timeout: the broker's
+timer was their only bound) and the volumes mounted under its private root
+would outlive it. When the record names the run (``runId``, optional so an
+older record still parses), the sweep's ``reconcile`` callback removes the
+containers and volumes labelled with that run id (``teardown.py``, the one
+label reconcile), and only that run's: other harnesses on the engine are
+never touched. A reconcile that fails (engine down) is reported on the
+``stale_root_removed`` event; the mounts below the root are still unmounted.
 
 Events carry the ``<uid>-<digest>`` suffix only, never a path.
 """
@@ -80,6 +90,8 @@ RECORD_VERSION = 1
 #: An owner record is a few hundred bytes; anything larger is not one.
 MAX_RECORD_BYTES = 4096
 _DIGEST_RE = re.compile(r"[0-9a-f]{16}")
+#: A run id as the harness makes them (hex) -- anything else is not used as a label filter.
+_RUN_ID_RE = re.compile(r"[0-9a-f]{8,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +103,12 @@ class OwnerRecord:
     start_time: int
     boot_id: str
     pid_namespace: str
+    #: The run's id (its engine label); "" when unknown (an older record).
+    run_id: str = ""
 
     def to_doc(self) -> dict[str, Any]:
         """The JSON document written to :data:`OWNER_RECORD`."""
-        return {
+        doc: dict[str, Any] = {
             "version": RECORD_VERSION,
             "mode": self.mode,
             "pid": self.pid,
@@ -102,6 +116,9 @@ class OwnerRecord:
             "bootId": self.boot_id,
             "pidNamespace": self.pid_namespace,
         }
+        if self.run_id:
+            doc["runId"] = self.run_id
+        return doc
 
     @classmethod
     def from_doc(cls, doc: object) -> OwnerRecord | None:
@@ -116,7 +133,10 @@ class OwnerRecord:
             return None
         if type(pid) is not int or type(start) is not int or pid < 1 or start < 0:
             return None
-        return cls(mode, pid, start, boot, pidns)
+        run_id = doc.get("runId", "")
+        if not isinstance(run_id, str) or (run_id and not _RUN_ID_RE.fullmatch(run_id)):
+            return None
+        return cls(mode, pid, start, boot, pidns, run_id)
 
 
 def process_start_time(pid: int) -> int | None:
@@ -154,13 +174,13 @@ def _pid_namespace() -> str:
         return ""
 
 
-def current_owner(mode: str) -> OwnerRecord:
-    """The owner record describing this process."""
+def current_owner(mode: str, run_id: str = "") -> OwnerRecord:
+    """The owner record describing this process (and its run, when given)."""
     pid = os.getpid()
     start = process_start_time(pid)
     if start is None:
         raise OSError(f"cannot read the start time of process {pid} from /proc")
-    return OwnerRecord(mode, pid, start, _boot_id(), _pid_namespace())
+    return OwnerRecord(mode, pid, start, _boot_id(), _pid_namespace(), run_id)
 
 
 def write_owner_record(private_root: Path, record: OwnerRecord) -> None:
@@ -264,8 +284,16 @@ def _is_own_dir(path: Path, uid: int) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == uid
 
 
-def sweep_stale_roots(base: Path, uid: int, sink: EventSink) -> SweepResult:
+def sweep_stale_roots(
+    base: Path,
+    uid: int,
+    sink: EventSink,
+    reconcile: Callable[[str], object] | None = None,
+) -> SweepResult:
     """Remove the roots of dead ``run`` owners of ``uid`` under ``base`` (blocking).
+
+    ``reconcile(run_id)`` removes a dead run's containers and volumes before
+    its root goes (skipped when None or the record names no run).
 
     Never raises on a root it cannot handle: it is skipped or reported as
     failed, and the next run tries again. Emits ``stale_root_removed``,
@@ -305,10 +333,11 @@ def sweep_stale_roots(base: Path, uid: int, sink: EventSink) -> SweepResult:
             reason = "its ingress root is not this user's directory"
             sink.emit("stale_root_skipped", root=suffix, reason=reason)
             continue
+        engine = _reconcile_run(reconcile, record.run_id)
         outcome = _remove(RunPaths(private_root, ingress_root))
         if outcome is None:
             counts["removed"] += 1
-            sink.emit("stale_root_removed", root=suffix, reason=reason)
+            sink.emit("stale_root_removed", root=suffix, reason=reason, engine=engine)
         else:
             counts["failed"] += 1
             sink.emit("stale_root_failed", root=suffix, reason=reason, message=outcome)
@@ -316,6 +345,17 @@ def sweep_stale_roots(base: Path, uid: int, sink: EventSink) -> SweepResult:
     if any(counts.values()):
         sink.emit("stale_roots_swept", **counts)
     return result
+
+
+def _reconcile_run(reconcile: Callable[[str], object] | None, run_id: str) -> str:
+    """Remove a dead run's engine objects: "reconciled", "not-attempted" or "failed: <kind>"."""
+    if reconcile is None or not run_id:
+        return "not-attempted"
+    try:
+        reconcile(run_id)
+    except Exception as exc:  # the engine's reason; the root still goes
+        return f"failed: {exc.__class__.__name__}"
+    return "reconciled"
 
 
 def _remove(paths: RunPaths) -> str | None:

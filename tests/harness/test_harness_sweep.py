@@ -16,9 +16,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -197,6 +199,7 @@ def test_roots_of_a_dead_owner_are_removed_read_only_seed_and_all():
             "event": "stale_root_removed",
             "root": "-".join(suffix),
             "reason": "owner exited",
+            "engine": "not-attempted",
         },
         {
             **_stamp(events[1]),
@@ -311,6 +314,98 @@ def test_a_busy_tmpfs_is_detached_and_the_roots_removed():
     assert events[0]["event"] == "stale_root_removed"
 
 
+def test_the_dead_runs_engine_objects_are_reconciled_first():
+    calls: list[tuple[str, bool]] = []
+    with sweep_base() as base:
+        named = make_roots(base, "named", record(pid=dead_pid(), runId="ab" * 16))
+        older = make_roots(base, "older", record(pid=dead_pid()))
+
+        def reconcile(run_id: str) -> None:
+            calls.append((run_id, named.private_root.exists()))
+
+        stream = io.StringIO()
+        sweep_stale_roots(base, UID, EventSink(stream), reconcile)
+        events = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert exists(named) == (False, False)
+        assert exists(older) == (False, False)
+    # Only the record that names its run is reconciled, before its root goes.
+    assert calls == [("ab" * 16, True)]
+    engines = sorted(e["engine"] for e in events if e["event"] == "stale_root_removed")
+    assert engines == ["not-attempted", "reconciled"]
+
+
+def test_a_failed_reconcile_is_reported_and_the_root_still_goes():
+    def reconcile(run_id: str) -> None:
+        raise ConnectionError("engine down")
+
+    with sweep_base() as base:
+        paths = make_roots(base, "named", record(pid=dead_pid(), runId="cd" * 16))
+        stream = io.StringIO()
+        sweep_stale_roots(base, UID, EventSink(stream), reconcile)
+        assert exists(paths) == (False, False)
+    first = json.loads(stream.getvalue().splitlines()[0])
+    assert first["event"] == "stale_root_removed"
+    assert first["engine"] == "failed: ConnectionError"
+
+
+def test_a_live_owners_run_is_never_reconciled():
+    calls: list[str] = []
+    with sweep_base() as base:
+        paths = make_roots(base, "live", current_owner(MODE_RUN, "ef" * 16))
+        sweep_stale_roots(base, UID, EventSink(io.StringIO()), calls.append)
+        assert exists(paths) == (True, True)
+    assert calls == []
+
+
+@pytest.mark.parametrize("run_id", ["", "ab" * 16])
+def test_the_run_id_round_trips_and_a_hostile_one_is_refused(run_id):
+    mine = current_owner(MODE_RUN, run_id)
+    assert OwnerRecord.from_doc(mine.to_doc()) == mine
+    assert ("runId" in mine.to_doc()) == bool(run_id)
+    for hostile in ("x", "AB" * 16, "ab" * 40, 7, "ab=cd", "a" * 7):
+        assert OwnerRecord.from_doc({**mine.to_doc(), "runId": hostile}) is None
+
+
+@pytest.mark.engine
+def test_sweep_removes_the_dead_runs_query_containers_and_volumes(docker_client):
+    from bounded_query.broker.protocol.policy import LABEL_RUN
+    from bounded_query.harness.teardown import reconcile_containers
+
+    dead_run, other_run = secrets.token_hex(16), secrets.token_hex(16)
+    made_containers, made_volumes = [], []
+    try:
+        for run in (dead_run, other_run):
+            made_volumes.append(
+                docker_client.volumes.create(f"bq-sweep-test-{run}", labels={LABEL_RUN: run})
+            )
+            container = docker_client.containers.create(
+                "bounded-query-python:latest",
+                ["sleep", "300"],
+                labels={LABEL_RUN: run},
+                network_mode="none",
+            )
+            container.start()  # a query whose broker died: nothing else would stop it
+            made_containers.append(container)
+        with sweep_base() as base:
+            paths = make_roots(base, "dead", record(pid=dead_pid(), runId=dead_run))
+            reconcile = functools.partial(reconcile_containers, "unix:///var/run/docker.sock")
+            sweep_stale_roots(base, UID, EventSink(io.StringIO()), reconcile)
+            assert exists(paths) == (False, False)
+        left = {c.id for c in docker_client.containers.list(all=True, filters={"label": LABEL_RUN})}
+        assert made_containers[0].id not in left
+        assert made_containers[1].id in left
+        volumes = {v.name for v in docker_client.volumes.list(filters={"label": LABEL_RUN})}
+        assert f"bq-sweep-test-{dead_run}" not in volumes
+        assert f"bq-sweep-test-{other_run}" in volumes
+    finally:
+        for container in made_containers:
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+        for volume in made_volumes:
+            with contextlib.suppress(Exception):
+                volume.remove(force=True)
+
+
 # -- end to end: SIGKILL, then the next run ----------------------------------
 
 
@@ -351,12 +446,17 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
         assert list(base.iterdir()) == []
     assert status == 0, events
     removed = [e for e in events if e["event"] == "stale_root_removed"]
+    # The record named the run, so its engine objects were reconciled (or the
+    # attempt was reported, where no engine answers).
+    engine = removed[0].get("engine", "")
+    assert engine == "reconciled" or engine.startswith("failed: "), removed
     assert removed == [
         {
             **_stamp(removed[0]),
             "event": "stale_root_removed",
             "root": private.name.removeprefix("awf-bounded-query-private-"),
             "reason": "owner exited",
+            "engine": engine,
         }
     ]
     names = [e["event"] for e in events]
