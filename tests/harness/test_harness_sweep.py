@@ -448,7 +448,7 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     removed = [e for e in events if e["event"] == "stale_root_removed"]
     # The record named the run, so its engine objects were reconciled (or the
     # attempt was reported, where no engine answers).
-    engine = removed[0].get("engine", "")
+    engine = str(removed[0].get("engine", ""))
     assert engine == "reconciled" or engine.startswith("failed: "), removed
     assert removed == [
         {
