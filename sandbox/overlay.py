@@ -13,7 +13,11 @@ and run, a *view layer* fixes that: a trusted preparation container (fixed
 argv, root with only CAP_CHOWN and CAP_FOWNER, no network, runc) chowns the
 tree to 65534 and adds owner write bits through an overlay mounted with
 ``metacopy=on``, so only metadata is copied up (no file data), and refreshes
-the git index so that ``git status`` need not re-hash every file. The view
+the git index so that ``git status`` need not re-hash every file: queries see
+the view through another mount (other inode numbers; under gVisor the
+gofer's own), so this relies on the seed's ``core.checkStat = minimal``
+(harness/staging.py), which compares only size and mtime seconds, and those
+agree on both runtimes (tests/sandbox/test_git_stat_engine.py). The view
 layer is kept in a Docker-managed volume for the life of the run; each
 invocation's overlay stacks ``view:seed`` as its lower layers.
 

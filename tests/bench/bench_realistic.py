@@ -18,8 +18,10 @@ Questions (an agent's usual whole-tree ones, each a script with a finite
 schema): a trivial one, file counts, symbol search, line counts, a
 clean-tree ``git status``, ``git log`` counts, ``git grep``, the largest
 file, imports, ``git ls-files``, a write into the private copy (new file and
-an edit, then ``git status`` must show both) and an edit that keeps size and
-mtime second (``git status`` must still report it modified).
+an edit, then ``git status`` must show both) and an edit that keeps the size
+and restores the mtime (``mtime-restored``: the blind spot of the seed's
+``core.checkStat = minimal``, harness/staging.py; its ``ok`` column tells
+whether git saw the edit, as it does on the host).
 
 Each question runs on the host (``python3 -I -S`` on a writable checkout of
 the same repository, warm page cache; median of ``--trials``) and through
@@ -340,9 +342,9 @@ QUESTIONS: dict[str, tuple[str, object]] = {
         "out('true' if ' M README.md' in s and '?? NOTES.bq' in s else 'false')\n",
         _BOOL,
     ),
-    "same-size-edit": (
+    "mtime-restored": (
         # an edit git's minimal stat check cannot see (same size, same mtime
-        # second as the original): git status must still report it
+        # second as the original); the host's git sees it
         "p = os.path.join(REPO, 'README.md')\n"
         "st = os.stat(p)\n"
         "data = open(p, 'rb').read()\n"
@@ -502,7 +504,12 @@ def main(argv: list[str]) -> int:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for q in questions:
-            row: dict[str, object] = {"shape": shape, "question": q, "host": host[q][0]}
+            row: dict[str, object] = {
+                "shape": shape,
+                "question": q,
+                "host": host[q][0],
+                "host_answer": host[q][1],
+            }
             host_bucket = max(ONE_SECOND, bucket(host[q][0]))
             for runtime in runtimes:
                 seconds, answer, failure, first = broker[runtime][q]
@@ -514,6 +521,7 @@ def main(argv: list[str]) -> int:
                     "promoted": b > host_bucket,
                     "ok": failure is None and answer == host[q][1],
                     "failure": failure,
+                    "answer": answer,
                 }
             rows.append(row)
         print(f"# done {shape}", file=sys.stderr, flush=True)
