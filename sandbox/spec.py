@@ -31,6 +31,17 @@ CPU frequencies) are masked (``MaskedPaths``: an empty read-only tmpfs over a
 directory, ``/dev/null`` over a file). Python and git read none of them
 (glibc's CPU count falls back to ``sched_getaffinity``). Query containers run
 on the CPUs of :func:`.cpus.query_cpus` (``CpusetCpus``).
+
+gVisor's flags (``.ci/provision-engine`` registers ``runsc`` with them):
+``--network=none``, ``--oci-seccomp`` (the profile below is enforced inside
+the sandbox too) and ``--file-access-mounts=exclusive`` (issue 12): the
+sentry caches the dentries and attributes of the bind mounts (the
+repository overlay, script and result file) instead of revalidating every
+path component with the gofer on each access. That leaks nothing between
+invocations: each of those mounts is private to one invocation or immutable
+while it runs (the seed and its view layer, written before any query), the
+cache lives in the sentry of a sandbox that serves exactly one container and
+dies with it, and the result file is read only after the container is gone.
 """
 
 from __future__ import annotations

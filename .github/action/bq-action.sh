@@ -36,7 +36,7 @@ cmd_install() {
 import json, pathlib
 path = pathlib.Path("/etc/docker/daemon.json")
 doc = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
-want = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}
+want = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp", "--file-access-mounts=exclusive"]}
 if doc.get("runtimes", {}).get("runsc") != want:
     doc.setdefault("runtimes", {})["runsc"] = want
     path.parent.mkdir(parents=True, exist_ok=True)
