@@ -217,3 +217,16 @@ def test_memory_rule_shape_is_the_schemas(text):
     assert parsed is (text in MEMORY_OK)
     if parsed:
         assert shape_ok
+
+
+def test_shell_copies_name_the_policy_values():
+    """Shell cannot import the policy: its copies are checked here."""
+    action = (REPO_ROOT / ".github" / "action" / "bq-action.sh").read_text(encoding="utf-8")
+    assert "\n    " + "|".join(policy.LAUNCHABLE_RUNTIMES) + ")\n" in action
+    images = (REPO_ROOT / ".ci" / "build-images").read_text(encoding="utf-8")
+    assert f"sandbox/image/build.sh {policy.DEFAULT_IMAGE}\n" in images
+    required = (REPO_ROOT / ".ci" / "require-provisioned").read_text(encoding="utf-8")
+    assert f"for image in {policy.DEFAULT_IMAGE} " in required
+    engine = (REPO_ROOT / ".ci" / "provision-engine").read_text(encoding="utf-8")
+    oci = policy.OCI_RUNTIMES[policy.RUNTIME_GVISOR]
+    assert f'{{"runtimes": {{"{oci}": {{"path": "/usr/bin/{oci}"' in engine
