@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -197,7 +198,7 @@ HARNESS_TESTS_ROOT = Path(__file__).resolve().parents[2]
 #: teardown, quota), not about confinement: the agent runs on the host with
 #: the harness's uid, which the harness allows only as a degraded run
 #: (confinement is tested in test_harness_confinement.py).
-HOST_AGENT: dict[str, bool] = {"agent_on_host": True, "unconfined_agent": True}
+HOST_AGENT: dict[str, Any] = {"agent_on_host": True, "unconfined_agent": True}
 
 #: A real harness process (fake broker, an agent that sleeps) that tests kill
 #: mid-run; argv: config, seed source, state base, work dir. Events on stdout.

@@ -396,6 +396,7 @@ def test_harness_process_killed_by_a_real_signal_leaves_nothing(setup, signum):
         deadline = time.monotonic() + 60
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert process.stderr is not None
         assert marker.exists(), process.stderr.read() if process.poll() is not None else ""
         roots = [str(p).encode() for p in setup["base"].iterdir()]
         assert brokers_of(roots), "the broker child should be running"
