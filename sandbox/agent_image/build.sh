@@ -21,18 +21,9 @@ set -euo pipefail
 # mmdebstrap uses the host's apt sources.
 here=$(cd "$(dirname "$0")" && pwd)
 image=${1:-bounded-query-agent:latest}
-DOCKER=/usr/bin/docker
-[ -x "$DOCKER" ] || DOCKER=docker
-recipe=$(sha256sum <"$here/build.sh" | cut -d' ' -f1)
-have=$("$DOCKER" image inspect -f '{{ index .Config.Labels "bounded-query.recipe" }}' "$image" 2>/dev/null || true)
-if [ "$have" = "$recipe" ]; then
-  echo "build-images: $image is up to date (recipe ${recipe:0:12})" >&2
-  exit 0
-fi
-command -v mmdebstrap >/dev/null || { echo "build-images: mmdebstrap missing; run .ci/provision-engine" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-echo "build-images: building $image (recipe ${recipe:0:12})" >&2
+# shellcheck source=../image/recipe.sh
+. "$here/../image/recipe.sh"
+recipe_begin "$image" "$here/build.sh"
 SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential \
   --include=python3,git,curl,ca-certificates \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
@@ -41,7 +32,6 @@ SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
   --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
   bookworm "$work/rootfs.tar" ${BQ_DEBIAN_MIRROR:+"$BQ_DEBIAN_MIRROR"}
-previous=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 "$DOCKER" import \
   --change 'USER 65533:65533' \
   --change 'WORKDIR /tmp' \
@@ -54,16 +44,5 @@ check() { "$DOCKER" run --rm --network none --user 20000:20000 --cap-drop ALL \
 check python3 -c 'import json, subprocess, ssl; print("python ok")' >&2
 check git --version >&2
 check curl --version >/dev/null
-check python3 -c '
-import os, sys
-bad = []
-for top in ("/usr", "/bin", "/sbin"):
-    for d, _, fs in os.walk(top):
-        bad += [os.path.join(d, f) for f in fs if not os.path.islink(os.path.join(d, f))
-                and os.lstat(os.path.join(d, f)).st_mode & 0o6000]
-sys.exit("setuid/setgid files in image: " + " ".join(bad) if bad else 0)' >&2
-current=$("$DOCKER" image inspect -f '{{.Id}}' "$image")
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-  "$DOCKER" rmi "$previous" >/dev/null 2>&1 || true
-fi
-echo "build-images: $image built and checked" >&2
+check_no_setid check
+recipe_end "$image"

@@ -22,18 +22,9 @@ set -euo pipefail
 # mmdebstrap uses the host's apt sources.
 here=$(cd "$(dirname "$0")" && pwd)
 image=${1:-bounded-query-python:latest}
-DOCKER=/usr/bin/docker
-[ -x "$DOCKER" ] || DOCKER=docker
-recipe=$(cat "$here/build.sh" "$here/entrypoint.py" | sha256sum | cut -d' ' -f1)
-have=$("$DOCKER" image inspect -f '{{ index .Config.Labels "bounded-query.recipe" }}' "$image" 2>/dev/null || true)
-if [ "$have" = "$recipe" ]; then
-  echo "build-images: $image is up to date (recipe ${recipe:0:12})" >&2
-  exit 0
-fi
-command -v mmdebstrap >/dev/null || { echo "build-images: mmdebstrap missing; run .ci/provision-engine" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-echo "build-images: building $image (recipe ${recipe:0:12})" >&2
+# shellcheck source=recipe.sh
+. "$here/recipe.sh"
+recipe_begin "$image" "$here/build.sh" "$here/entrypoint.py"
 SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --include=python3,git \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -45,7 +36,6 @@ SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --include=py
   --customize-hook='rm -rf "$1"/usr/bin/dpkg* "$1"/usr/sbin/dpkg* "$1"/usr/bin/apt* "$1"/usr/sbin/update-alternatives "$1"/usr/bin/update-alternatives "$1"/var/lib/dpkg "$1"/etc/dpkg "$1"/usr/share/dpkg "$1"/var/cache/debconf "$1"/var/log/* "$1"/usr/bin/cpan* "$1"/usr/bin/debconf* "$1"/usr/share/perl5/CPAN* "$1"/usr/share/perl/5.36*/CPAN*' \
   --customize-hook='find "$1" -xdev -type f -perm /6000 -exec chmod ug-s {} +' \
   bookworm "$work/rootfs.tar" ${BQ_DEBIAN_MIRROR:+"$BQ_DEBIAN_MIRROR"}
-previous=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
 "$DOCKER" import \
   --change 'USER 65534:65534' \
   --change 'WORKDIR /query' \
@@ -67,15 +57,6 @@ try:
     bad.append("ensurepip")
 except ImportError:
     pass
-import os
-for top in ("/usr", "/bin", "/sbin"):
-    for d, _, fs in os.walk(top):
-        bad += [os.path.join(d, f) for f in fs if not os.path.islink(os.path.join(d, f))
-                and os.lstat(os.path.join(d, f)).st_mode & 0o6000]
 sys.exit("forbidden tools in image: " + " ".join(bad) if bad else 0)' >&2
-# The superseded build is now untagged: drop it (kept if a container uses it).
-current=$("$DOCKER" image inspect -f '{{.Id}}' "$image")
-if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
-  "$DOCKER" rmi "$previous" >/dev/null 2>&1 || true
-fi
-echo "build-images: $image built and checked" >&2
+check_no_setid check
+recipe_end "$image"
