@@ -305,7 +305,10 @@ async def _gvisor_probe(settings: RunnerSettings) -> list[Problem]:
         return [Problem("boundedQueries.runtime", f"gvisor runner unavailable: {exc}", "install")]
     try:
         runner = create_runner(settings)
-        await runner.preflight()
+        try:
+            await runner.preflight()
+        finally:
+            await runner.aclose()  # the probe's engine client (and nothing else) goes
     except RunnerUnavailable as exc:
         return [
             Problem(
