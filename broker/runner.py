@@ -54,6 +54,7 @@ __all__ = [
     "MAX_MEMORY_BYTES",
     "MIN_MEMORY_BYTES",
     "RESULT_FILE_NAME",
+    "Degradation",
     "Invocation",
     "RunReport",
     "Runner",
@@ -106,6 +107,19 @@ class Invocation:
     def result_path(self) -> Path:
         """Host path where the query's answer is found after :meth:`Runner.run`."""
         return self.workspace / RESULT_FILE_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class Degradation:
+    """A protection the runner could not set up; the run goes on without it.
+
+    The broker announces these in its readiness file and the harness reports
+    each as a ``degraded`` event and in the step summary (spec 14.8: the
+    operator sees the precise reason, the agent nothing).
+    """
+
+    subsystem: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +182,10 @@ class Runner(Protocol):
         worked (empty when there is nothing to prepare). Never raises for a
         seed it cannot prepare (its queries then use a slower path).
         """
+        ...
+
+    def degradations(self) -> tuple[Degradation, ...]:
+        """The protections missing right now (after :meth:`warm`); () when none."""
         ...
 
     async def aclose(self) -> None:

@@ -9,7 +9,8 @@ Theory of operation:
   prove the runner works, remove straggler containers (``runner.reconcile``)
   and stale ``work/*`` directories, let the runner prepare the non-sealed
   seeds (``warm``), bind the socket (directory 0770, socket 0660, optional
-  owner), and only then write the readiness file ``control/ready``.
+  owner), and only then write the readiness file ``control/ready`` with the
+  protections the runner could not set up (``readiness.py``).
 * **Serving**: ``trio.serve_listeners`` accepts (it also backs off on the
   capacity errnos EMFILE, ENFILE, ENOBUFS and ENOMEM, every 100 ms; its log
   becomes a decimated JSON line, :func:`json_accept_log`) from a
@@ -53,7 +54,7 @@ import os
 import socket
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import trio
@@ -63,7 +64,8 @@ from bounded_query.broker.audit import AuditLog, AuditRecord
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.http import HttpReject, read_request, send_response
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES
-from bounded_query.broker.runner import Runner
+from bounded_query.broker.readiness import encode_ready
+from bounded_query.broker.runner import Degradation, Runner
 from bounded_query.broker.service import Service, report_bug
 from bounded_query.broker.workspace import WorkspaceOps, remove_tree
 
@@ -137,10 +139,11 @@ def _bind_socket(config: BrokerConfig) -> socket.socket:
     return sock
 
 
-def _write_ready(path: Path) -> None:
+def _write_ready(path: Path, degraded: Sequence[Degradation]) -> None:
+    """Atomically write the readiness file (``readiness.py``: pid and degradations)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{os.getpid()}\n")
+    tmp.write_text(encode_ready(os.getpid(), degraded))
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
 
@@ -305,7 +308,7 @@ class BrokerServer:
                 trio.SocketListener(trio.socket.from_stdlib_socket(sock)), self.service
             )
             try:
-                await run_sync(_write_ready, config.ready_path)
+                await run_sync(_write_ready, config.ready_path, self.runner.degradations())
                 await self._accept_until_stopped(listener, task_status)
             finally:
                 with trio.CancelScope(shield=True):

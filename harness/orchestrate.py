@@ -39,6 +39,7 @@ from functools import partial
 
 import trio
 from bounded_query.broker.protocol.policy import parse_memory_limit
+from bounded_query.broker.readiness import decode_ready
 
 from .child import start_child_broker
 from .events import EventSink
@@ -66,23 +67,33 @@ from .tokens import scrub_process_environment
 __all__ = ["run", "wait_ready"]
 
 
-def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[bool, int | None]:
-    """(ready, exit status) of the broker (blocking: a stat, and for the compose
-    service an engine call)."""
-    if paths.ready_file.exists():
-        return True, None
-    return False, broker.exited()
+def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int | None]:
+    """(readiness file text or None, exit status) of the broker (blocking: a
+    read, and for the compose service an engine call)."""
+    try:
+        return paths.ready_file.read_text(encoding="utf-8", errors="replace"), None
+    except FileNotFoundError:
+        return None, broker.exited()
+    except OSError:  # there, but not ours to read (a root broker service): ready, unknown
+        return "", None
 
 
 async def wait_ready(
     paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
 ) -> bool:
-    """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first."""
+    """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first.
+
+    Each protection the file says the runner could not set up (a
+    ``degraded`` entry, ``broker/readiness.py``) becomes a ``degraded``
+    event, and so part of the step summary, before the agent starts.
+    """
     with trio.move_on_after(limit_s):
         while True:
             ready, status = await trio.to_thread.run_sync(_probe_ready, paths, broker)
-            if ready:
+            if ready is not None:
                 sink.emit("broker_ready")
+                for missing in decode_ready(ready):
+                    sink.degrade(missing.subsystem, missing.reason)
                 return True
             if status is not None:
                 sink.emit("broker_failed", message=f"the broker exited with status {status}")

@@ -35,6 +35,7 @@ import trio
 from bounded_query.broker.runner import (
     LABEL_RUN,
     RESULT_FILE_NAME,
+    Degradation,
     Invocation,
     RunnerSettings,
     RunnerUnavailable,
@@ -631,6 +632,22 @@ class DockerRunner:
     def pin_name(self) -> str:
         """The container name of this run's page-cache pin."""
         return f"bq-{self.settings.run_id[:16]}-pin"
+
+    def degradations(self) -> tuple[Degradation, ...]:
+        """The page-cache pin, when it was asked for and could not start (Runner contract).
+
+        Unpinned, queries share the page cache of the image's files: the
+        cross-invocation channel the pin closes (``pagecache.py``) is open.
+        """
+        if self.options.pin_page_cache and self.page_cache_pinned is False:
+            return (
+                Degradation(
+                    "page-cache pin",
+                    "the pin container could not start: queries share the image's page "
+                    "cache, a cross-invocation channel (README, cross-invocation channels)",
+                ),
+            )
+        return ()
 
     async def aclose(self) -> None:
         """Remove the pin container if this runner started one, then :meth:`close`.

@@ -28,7 +28,10 @@ which is what lets uid 65534, the query user, read root-owned image files.
 Its memory limit covers the pages it may be the first to read. It carries
 the run label, so the run's reconcile and the harness's teardown remove it
 with the query containers. It prints one readiness line, ``awf-pinned N
-BYTES``, to a capped local log.
+BYTES``, to a capped local log. A pin that does not start leaves queries
+unpinned (the channel open): the runner reports it
+(``DockerRunner.degradations``), the broker names it in its readiness file
+and the harness turns it into a ``degraded`` event and a step-summary line.
 
 This module only derives the create body; the runner starts it.
 """

@@ -359,3 +359,21 @@ async def test_startup_warms_every_seed_but_sealed(tmp_path):
     seeds = config.private_root / "seeds"
     # helpers.make_root numbers seeds in REPOS order; 0004 is octo/sealed.
     assert sorted(runner.warmed) == [seeds / "0001", seeds / "0002", seeds / "0003"]
+
+
+async def test_the_ready_file_names_what_the_runner_could_not_set_up(tmp_path):
+    from bounded_query.broker.readiness import decode_ready
+    from bounded_query.broker.runner import Degradation
+
+    missing = Degradation("page-cache pin", "the pin container could not start")
+    config, seed_map = load(make_root(tmp_path))
+    for degraded in ((), (missing,)):
+        runner = ScriptedRunner(degraded=degraded)
+        server = BrokerServer(config, seed_map, runner)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            text = config.ready_path.read_text()
+            assert (config.ready_path.stat().st_mode & 0o777) == 0o600
+            server.stop()
+        assert json.loads(text)["pid"] == os.getpid()
+        assert decode_ready(text) == degraded

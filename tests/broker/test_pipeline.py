@@ -274,7 +274,8 @@ async def test_socket_and_ready_file_permissions(broker):
     assert mode == 0o660
     assert (os.stat(broker.socket.parent).st_mode & 0o777) == 0o770
     ready = broker.private / "control" / "ready"
-    assert ready.read_text().strip() == str(os.getpid())
+    assert (os.stat(ready).st_mode & 0o777) == 0o600
+    assert json.loads(ready.read_text()) == {"pid": os.getpid(), "degraded": []}
 
 
 async def test_journal_failure_fails_closed(broker):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-from bounded_query.broker.runner import Invocation, RunReport
+from bounded_query.broker.runner import Degradation, Invocation, RunReport
 
 
 @dataclass
@@ -38,6 +38,11 @@ class ScriptedRunner:
     reconciled: int = 0
     preflights: int = 0
     closed: int = 0
+    #: What :meth:`degradations` reports (tests set it).
+    degraded: tuple[Degradation, ...] = ()
+
+    def degradations(self) -> tuple[Degradation, ...]:
+        return self.degraded
 
     async def aclose(self) -> None:
         self.closed += 1
@@ -97,6 +102,11 @@ class ProcessRunner:
     timeout_s: float = 30.0
     reconciled: int = 0
     closed: int = 0
+    #: What :meth:`degradations` reports (tests set it).
+    degraded: tuple[Degradation, ...] = ()
+
+    def degradations(self) -> tuple[Degradation, ...]:
+        return self.degraded
 
     async def aclose(self) -> None:
         self.closed += 1

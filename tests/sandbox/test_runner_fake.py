@@ -355,6 +355,7 @@ async def test_page_cache_pin_starts_once_and_reconcile_resets_it(tmp_path):
     runner, api = make(options=RunOptions(materialize="tmpfs"))
     assert await runner.warm([]) == {}
     assert runner.page_cache_pinned is True
+    assert runner.degradations() == ()  # pinned: nothing to report
     pin = api.calls[0]
     assert pin == ("create", "bq-abababababababab-pin")
     body = api.last_body
@@ -385,3 +386,7 @@ async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, monkeypatch):
     assert report.failure is None  # queries still run, unpinned
     assert runner.page_cache_pinned is False
     assert api.containers_alive == set()
+    # ... and the operator is told (the broker's readiness file, then a degraded event).
+    (missing,) = runner.degradations()
+    assert missing.subsystem == "page-cache pin"
+    assert "cross-invocation channel" in missing.reason
