@@ -147,7 +147,7 @@ def _line_pool(rng: random.Random, count: int) -> list[str]:
 def _paths(rng: random.Random, count: int) -> list[str]:
     per_dir = 40
     dirs = max(1, count // per_dir)
-    paths = set()
+    paths: set[str] = set()
     while len(paths) < count:
         d = rng.randrange(dirs)
         pkg = _PACKAGES[d % len(_PACKAGES)]
@@ -279,12 +279,11 @@ def describe(src: Path) -> str:
     files = int(_git(src, "ls-files", "-z").count("\0"))
     commits = int(_git(src, "rev-list", "--count", "HEAD"))
     pack = sum(p.stat().st_size for p in (src / ".git" / "objects" / "pack").glob("*.pack"))
-    tree = sum(
-        os.lstat(os.path.join(d, f)).st_size
-        for d, dirs, fs in os.walk(src)
-        if not (dirs.remove(".git") if ".git" in dirs else None)
-        for f in fs
-    )
+    tree = 0
+    for d, dirs, fs in os.walk(src):
+        if ".git" in dirs:
+            dirs.remove(".git")  # the history is the pack, counted above
+        tree += sum(os.lstat(os.path.join(d, f)).st_size for f in fs)
     return f"{files} files, {commits} commits, pack {pack / 1e6:.0f} MB, tree {tree / 1e6:.0f} MB"
 
 
@@ -481,9 +480,9 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     if args.show:
-        rows = [row for path in args.show for row in json.loads(path.read_text())]
-        shown = [r for r in args.runtimes.split(",") if all(r in row for row in rows)]
-        print_table(rows, shown, args.trials)
+        saved = [row for path in args.show for row in json.loads(path.read_text())]
+        shown = [r for r in args.runtimes.split(",") if all(r in row for row in saved)]
+        print_table(saved, shown, args.trials)
         return 0
     if args.oci_runtime:
         overrides = dict(item.split("=", 1) for item in args.oci_runtime)
