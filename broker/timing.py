@@ -49,6 +49,7 @@ __all__ = [
     "TOLERANCE_S",
     "Landing",
     "TimingOverflow",
+    "bucket_label",
     "choose_boundary",
     "halted_answer_at",
     "next_wake",
@@ -67,6 +68,14 @@ FINAL_STAGE_S = 0.002
 #: Each stage stops short of the boundary by this fraction of the remaining
 #: time: 1% is ten times the worst observed epoll slack (0.1%).
 STAGE_FRACTION = 0.01
+
+
+def bucket_label(ms: int) -> str:
+    """A bucket (milliseconds) as operators read it: ``10 ms``, ``1 s``, ``600 s``.
+
+    The one label the terminal progress lines and the step summary share.
+    """
+    return f"{ms // 1000} s" if ms >= 1000 and ms % 1000 == 0 else f"{ms} ms"
 
 
 class TimingOverflow(Exception):

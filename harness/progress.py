@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bounded_query.broker.timing import bucket_label
 
 __all__ = [
     "FOLLOW_POLL_S",
@@ -38,7 +39,7 @@ _READ_CHUNK = 1024 * 1024
 def _bucket(ms: object) -> str:
     if not isinstance(ms, int) or isinstance(ms, bool):
         return "no bucket"
-    return f"{ms // 1000} s" if ms >= 1000 else f"{ms} ms"
+    return bucket_label(ms)
 
 
 def human_line(record: Mapping[str, Any]) -> str | None:

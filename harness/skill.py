@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bounded_query.broker import protocol
+from bounded_query.broker.timing import bucket_label
 
 from .config import BoundedQueriesConfig
 
@@ -252,9 +253,7 @@ def render_skill(config: BoundedQueriesConfig) -> str:
     """The SKILL.md text for ``config`` (spec 14.8)."""
     usable = [r.repo for r in config.private_repos if r.sensitivity != "sealed"]
     first = usable[0] if usable else "owner/repo"
-    buckets = ", ".join(
-        f"{ms // 1000} s" if ms >= 1000 else f"{ms} ms" for ms in protocol.TIMING_BUCKETS_MS
-    )
+    buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
     status = protocol.RESULT_STATUS_BIT_COST
     timing = protocol.TIMING_BUCKET_BITS
     floor = charge_of({"type": "const", "value": 0})[1]

@@ -28,6 +28,7 @@ from typing import Any
 
 from bounded_query.broker.journal import JournalCorrupt, decode_journal
 from bounded_query.broker.ledger import Ledger
+from bounded_query.broker.timing import bucket_label
 
 from .config import RUN_BUDGETS
 
@@ -220,10 +221,6 @@ def usage_from_state(
     )
 
 
-def _bucket_label(ms: int) -> str:
-    return f"{ms // 1000}s" if ms >= 1000 else f"{ms}ms"
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -260,7 +257,7 @@ def render_summary(
     ]
     for repo in usage.repos:
         budget = "unmetered" if repo.budget is None else str(repo.budget)
-        buckets = ", ".join(f"{_bucket_label(ms)}: {n}" for ms, n in repo.buckets.items()) or "—"
+        buckets = ", ".join(f"{bucket_label(ms)}: {n}" for ms, n in repo.buckets.items()) or "—"
         lines.append(
             f"| `{_cell(repo.repo)}` | {repo.sensitivity} | {budget} | {repo.spent_bits} |"
             f" {repo.invocations} | {_cell(buckets)} | {_cell(_counts(repo.outcomes))} |"
@@ -300,7 +297,7 @@ def render_summary(
     for shown, response in enumerate(usage.responses):
         named = f"`{_cell(response.repo)}`" if response.repo else f"*{NOT_ATTRIBUTABLE}*"
         charge = "—" if response.charge is None else str(response.charge)
-        bucket = "—" if response.bucket_ms is None else _bucket_label(response.bucket_ms)
+        bucket = "—" if response.bucket_ms is None else bucket_label(response.bucket_ms)
         row = (
             f"| `{_cell(response.invocation_id)}` | {named} | {_cell(response.category)} |"
             f" {charge} | {bucket} |"

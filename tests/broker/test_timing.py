@@ -173,3 +173,20 @@ async def test_wait_never_returns_early_under_autojump(autojump_clock):
 )
 def test_halted_answer_depends_only_on_arrival_and_halt(arrived, halted_at, expected):
     assert halted_answer_at(arrived, halted_at, 0.01) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("ms", "label"),
+    [
+        (10, "10 ms"),
+        (100, "100 ms"),
+        (1000, "1 s"),
+        (10_000, "10 s"),
+        (600_000, "600 s"),
+        (1500, "1500 ms"),
+    ],
+)
+def test_one_bucket_label_for_progress_and_summary(ms, label):
+    from bounded_query.broker.timing import bucket_label
+
+    assert bucket_label(ms) == label

@@ -45,7 +45,7 @@ def test_a_kept_run_reports_what_the_run_summarized(tmp_path):
     state = load_state(_kept_root(tmp_path))
     text = report_markdown(state)
     assert text.startswith("### Bounded queries — runtime `gvisor`, from the kept state")
-    row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
+    row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1 s: 1, 60 s: 1 | ok: 1, query-timeout: 1 |"
     assert row in text
     assert "Degraded" not in text
 

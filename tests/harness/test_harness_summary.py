@@ -72,7 +72,7 @@ def test_summary_table_and_degraded_notice():
     assert text.startswith("### Bounded queries — runtime `gvisor`, exit 3")
     assert "> **Degraded mode**" in text
     assert "> - step: x\\|y" in text
-    row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1s: 1, 60s: 1 | ok: 1, query-timeout: 1 |"
+    row = "| `octo/alpha` | internal | 64 | 19 | 2 | 1 s: 1, 60 s: 1 | ok: 1, query-timeout: 1 |"
     assert row in text
     assert "| `octo/docs` | public | unmetered | 9 | 1 |" in text
     assert "| **Total** | | | **28** | **3** | | |" in text
@@ -233,8 +233,8 @@ def test_refusals_are_attributed_to_the_configured_repository_they_named():
     ) in text
     assert "malformed-http: 2, max-invocations: 40" in text
     assert "<details>\n<summary>Every counted response (5)</summary>" in text
-    assert "| `a1` | `octo/alpha` | ok | 5 | 1s |" in text
-    assert "| `a3` | *not attributable* | invalid-request | — | 10ms |" in text
+    assert "| `a1` | `octo/alpha` | ok | 5 | 1 s |" in text
+    assert "| `a3` | *not attributable* | invalid-request | — | 10 ms |" in text
     assert text.rstrip().endswith("</details>")
     assert "evil" not in text
 
