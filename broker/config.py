@@ -28,6 +28,7 @@ from bounded_query.broker.protocol.policy import (
     MIN_INVOCATIONS,
     MIN_TIMEOUT_S,
     RUN_BUDGETS,
+    RUN_ID_PATTERN,
     RUNTIMES,
     parse_memory_limit,
 )
@@ -58,7 +59,7 @@ SENSITIVITIES = frozenset(BUDGET_BITS)
 #: Config and seed-map files are small; a larger file is not ours.
 MAX_CONFIG_FILE_BYTES = 1 << 20
 
-_HEX_RUN_ID = re.compile(r"[0-9a-f]{16,64}")
+_HEX_RUN_ID = re.compile(RUN_ID_PATTERN)
 _HEX_SEED_ID = re.compile(r"[0-9a-f]{1,128}")
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 

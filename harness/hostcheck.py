@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from bounded_query.broker.protocol.policy import docker_socket_path
+
 from .agent_spec import AgentUser
 from .config import Problem
 
@@ -89,10 +91,6 @@ class HostCheck:
     socket_path: Path
     pids: tuple[int, ...]
     docker_host: str
-
-
-def _docker_socket(docker_host: str) -> str:
-    return docker_host[len("unix://") :] if docker_host.startswith("unix://") else ""
 
 
 _FIX = "run the agent in its container (drop --agent-on-host), or pick another --agent-user"
@@ -164,7 +162,7 @@ def host_agent_problems(check: HostCheck) -> list[Problem]:
     Never raises: a probe that cannot run is itself the problem (fail closed).
     """
     where = f"--agent-user {check.user}"
-    docker_socket = _docker_socket(check.docker_host)
+    docker_socket = docker_socket_path(check.docker_host)
     docker_gid: int | None = None
     if docker_socket:
         try:

@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST
+from bounded_query.broker.protocol.policy import (
+    DEFAULT_DOCKER_HOST,
+    DOCKER_UNIX_SCHEME,
+    docker_socket_path,
+)
 
 from .agent_spec import AgentUser, default_agent_user
 from .channel_policy import ChannelDecision, channel_decision
@@ -44,15 +48,11 @@ __all__ = [
     "TeardownPlan",
     "agent_mode_problems",
     "choose_agent_user",
-    "docker_socket_path",
     "final_status",
     "plan_run",
     "plan_teardown",
     "summary_kind",
 ]
-
-#: The only Docker host scheme the harness itself talks to (sweeps, reconcile).
-UNIX_SCHEME = "unix://"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +159,6 @@ def choose_agent_user(
     return default_agent_user(uid, gid)
 
 
-def docker_socket_path(docker_host: str) -> str:
-    """The Docker socket's path of a ``unix://`` host, else the empty string."""
-    return docker_host[len(UNIX_SCHEME) :] if docker_host.startswith(UNIX_SCHEME) else ""
-
-
 def agent_mode_problems(
     options: RunOptions,
     user: AgentUser | None,
@@ -248,7 +243,7 @@ def plan_teardown(
     return TeardownPlan(
         stop_broker=broker_started,
         drain_progress=progress_followed and paths_known,
-        reconcile=roots_created and docker_host.startswith(UNIX_SCHEME),
+        reconcile=roots_created and docker_host.startswith(DOCKER_UNIX_SCHEME),
         unmount_quota=work_quota and paths_known,
         keep_state=keep_state if paths_known else None,
         remove_roots=paths_known and roots_created,

@@ -30,6 +30,7 @@ from bounded_query.broker.protocol.policy import (
     MAX_TIMEOUT_S,
     MIN_INVOCATIONS,
     MIN_TIMEOUT_S,
+    docker_socket_path,
     parse_memory_limit,
 )
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
@@ -173,7 +174,7 @@ def _docker_host_problems(env: Mapping[str, str]) -> list[Problem]:
                 "point DOCKER_HOST at a local unix:///... socket (or unset it)",
             )
         ]
-    socket_path = host.removeprefix("unix://")
+    socket_path = docker_socket_path(host)
     try:
         mode = os.stat(socket_path).st_mode
     except OSError as exc:

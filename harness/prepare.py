@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import trio
+from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME
 
 from .agent import sweep_agent_containers
 from .config import BoundedQueriesConfig, LoadedConfig
@@ -56,7 +57,7 @@ def new_run_id() -> str:
 
 async def _sweep_agents(docker_host: str, sink: EventSink) -> None:
     """Remove agent containers left by a harness killed with SIGKILL (best effort)."""
-    if not docker_host.startswith("unix://"):
+    if not docker_host.startswith(DOCKER_UNIX_SCHEME):
         return
     with contextlib.suppress(Exception):
         await trio.to_thread.run_sync(sweep_agent_containers, docker_host, sink)
@@ -64,7 +65,7 @@ async def _sweep_agents(docker_host: str, sink: EventSink) -> None:
 
 def _run_reconciler(docker_host: str) -> Callable[[str], object] | None:
     """The sweep's per-run reconcile on ``docker_host`` (a local engine only)."""
-    if not docker_host.startswith("unix://"):
+    if not docker_host.startswith(DOCKER_UNIX_SCHEME):
         return None
     return functools.partial(reconcile_containers, docker_host)
 

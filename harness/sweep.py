@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bounded_query.broker.protocol.policy import RUN_ID_PATTERN
+
 from .events import EventSink
 from .outputs import remove_roots, write_json_private
 from .paths import INGRESS_PREFIX, PRIVATE_PREFIX, RunPaths
@@ -90,8 +92,8 @@ RECORD_VERSION = 1
 #: An owner record is a few hundred bytes; anything larger is not one.
 MAX_RECORD_BYTES = 4096
 _DIGEST_RE = re.compile(r"[0-9a-f]{16}")
-#: A run id as the harness makes them (hex) -- anything else is not used as a label filter.
-_RUN_ID_RE = re.compile(r"[0-9a-f]{8,64}")
+#: A run id (``policy.RUN_ID_PATTERN``) -- anything else is never used as a label filter.
+_RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_MEMORY_LIMIT",
     "DEFAULT_RUNTIME",
     "DEFAULT_TIMEOUT_S",
+    "DOCKER_UNIX_SCHEME",
     "INTERPRETERS",
     "LABEL_INVOCATION",
     "LABEL_OWNER",
@@ -58,9 +59,11 @@ __all__ = [
     "RUNTIME_GVISOR",
     "RUNTIME_SBX",
     "RUN_BUDGETS",
+    "RUN_ID_PATTERN",
     "SENSITIVITIES",
     "SLUG_PATTERN",
     "SLUG_RE",
+    "docker_socket_path",
     "parse_memory_limit",
 ]
 
@@ -132,8 +135,19 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 #: The query image (built from Debian packages, never pulled).
 DEFAULT_IMAGE = "bounded-query-python:latest"
+#: The only Docker host scheme the harness talks to itself (sweeps,
+#: reconcile) and the preflight accepts.
+DOCKER_UNIX_SCHEME = "unix://"
 #: The Docker Engine socket (the preflight accepts only unix:// hosts).
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+DEFAULT_DOCKER_HOST = DOCKER_UNIX_SCHEME + "/var/run/docker.sock"
+
+
+def docker_socket_path(docker_host: str) -> str:
+    """The socket path of a ``unix://`` Docker host, else the empty string."""
+    if docker_host.startswith(DOCKER_UNIX_SCHEME):
+        return docker_host[len(DOCKER_UNIX_SCHEME) :]
+    return ""
+
 
 # --- 14.7 container identity and labels ----------------------------------------------
 
@@ -147,6 +161,10 @@ LABEL_RUN = "bounded-query.run"
 LABEL_INVOCATION = "bounded-query.invocation"
 LABEL_ROLE = "bounded-query.role"
 LABEL_OWNER = "bounded-query.owner"
+#: A run id (the run label's value): lower-case hex, as the harness makes them
+#: (16 random bytes). The broker's configuration and the harness's owner
+#: record refuse anything else, so it is always a safe label filter.
+RUN_ID_PATTERN = r"[0-9a-f]{16,64}"
 
 # --- 14.2 the owner/repo slug ------------------------------------------------------------
 
