@@ -52,7 +52,7 @@ from .overlay import (
     seed_volumes,
 )
 from .pagecache import PIN_READY, pin_container_body
-from .reconcile import remove_container, remove_labelled
+from .reconcile import remove_container, remove_labelled, remove_volume
 from .spec import (
     QUERY_GID,
     QUERY_UID,
@@ -469,20 +469,8 @@ class DockerRunner:
         )
 
     async def _remove_volume(self, name: str) -> bool:
-        """Remove one volume (unmounting it); True when it is gone."""
-        import docker.errors
-
-        for _attempt in range(3):
-            try:
-                await self._call(self.api.remove_volume, name, force=True)
-            except docker.errors.NotFound:
-                return True
-            except Exception:
-                # "volume is in use" right after a removal: give dockerd a moment
-                await trio.sleep(0.05)
-                continue
-            return True
-        return False
+        """Remove one volume (unmounting it); True when it is gone (``reconcile.py``)."""
+        return await self._call(remove_volume, self.api, name)
 
     # -- copy-on-write view layers (sandbox/overlay.py) ------------------------
 

@@ -29,11 +29,18 @@ worker thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Removal", "remove_container", "remove_labelled", "remove_labelled_volumes"]
+__all__ = [
+    "Removal",
+    "remove_container",
+    "remove_labelled",
+    "remove_labelled_volumes",
+    "remove_volume",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,33 +91,40 @@ def remove_labelled(
     return Removal(tuple(removed), tuple(failed))
 
 
+def remove_volume(api: Any, name: str, *, attempts: int = 3, pause_s: float = 0.05) -> bool:
+    """Force-remove one volume (dockerd unmounts it); True when gone (blocking).
+
+    A volume the engine no longer knows counts as removed. A failed attempt
+    ("volume is in use" right after its container's removal) is retried
+    after ``pause_s``, up to ``attempts`` in all.
+    """
+    import docker.errors
+
+    for _attempt in range(attempts):
+        try:
+            api.remove_volume(name, force=True)
+        except docker.errors.NotFound:
+            return True
+        except Exception:  # the engine's reason does not change the retry
+            time.sleep(pause_s)
+            continue
+        return True
+    return False
+
+
 def remove_labelled_volumes(api: Any, label: str) -> Removal:
     """Force-remove every volume matching the ``label`` filter (after its containers).
 
-    A volume the engine no longer knows counts as removed; a failed removal
-    (for example "volume is in use" while a removed container's mount is
-    released) is tried once more.
+    Each goes through :func:`remove_volume` (the runner's own removal).
 
     Raises:
         Exception: whatever the engine raised listing the volumes (nothing
             was removed then).
     """
-    import docker.errors
-
     removed: list[str] = []
     failed: list[str] = []
     listing = api.volumes(filters={"label": label}) or {}
     for entry in listing.get("Volumes") or ():
         name = str(entry["Name"])
-        for _attempt in range(2):
-            try:
-                api.remove_volume(name, force=True)
-            except docker.errors.NotFound:
-                pass
-            except Exception:  # the engine's reason does not change the retry
-                continue
-            removed.append(name)
-            break
-        else:
-            failed.append(name)
+        (removed if remove_volume(api, name) else failed).append(name)
     return Removal(tuple(removed), tuple(failed))

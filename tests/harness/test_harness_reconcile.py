@@ -5,7 +5,7 @@
   is retried, two are reported, ``select`` filters, a listing failure
   propagates before anything is removed.
 * ``remove_labelled_volumes`` against a fake: exactly the labelled volumes
-  go, one failure is retried, two are reported.
+  go, failed attempts are retried (the runner's remove_volume), three are reported.
 * ``teardown.reconcile_containers`` on the real engine: exactly the
   containers of its run id go, running or not, then the volumes of its run
   id (what a killed broker leaves); another run's stay.
@@ -142,7 +142,7 @@ class FakeVolumes:
         del self.table[name]
 
 
-def test_removes_exactly_the_labelled_volumes_retrying_once():
+def test_removes_exactly_the_labelled_volumes_retrying():
     engine = FakeVolumes(
         {
             "a-view": run_labels("A"),
@@ -151,7 +151,7 @@ def test_removes_exactly_the_labelled_volumes_retrying_once():
             "b-view": run_labels("B"),
             "plain": {},
         },
-        {"a-inv": 1, "a-busy": 2},
+        {"a-inv": 1, "a-busy": 3},
     )
     removal = remove_labelled_volumes(engine, f"{LABEL_RUN}=A")
     assert removal == Removal(("a-view", "a-inv"), ("a-busy",))
