@@ -16,7 +16,7 @@ outputs, host paths or tokens. :func:`format_record` is pure;
 
 An ``invalid-request`` line also carries ``detail``: the protocol's own
 error message naming the offending location (``schema.fields.count: ...``),
-so the operator sees *why* without the agent ever seeing it (issue 2). Those
+so the operator sees *why* without the agent ever seeing it. Those
 messages never quote script or output bytes; at most they quote a short
 piece of the agent-authored schema (a field name, a type), which is not
 secret. :func:`sanitize_detail` still bounds it to
@@ -28,7 +28,7 @@ Categories are short fixed strings, for example ``ok``, ``invalid-request``,
 ``query-launch-failed``, ``query-timeout``, ``invalid-output``,
 ``cleanup-failed``, ``timing-bucket-overflow``, ``broker-internal``.
 
-Bounded growth (issue 9 part 4). A hostile client can send refusals without
+Bounded growth. A hostile client can send refusals without
 limit once ``maxInvocations`` is reached, so the log must cost O(1) disk
 however long the flood lasts, and it must never be what breaks the journal:
 
@@ -72,15 +72,15 @@ from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
+from bounded_query.broker.protocol import policy
+
 __all__ = [
     "AUDIT_SCHEMA",
     "FREE_FLOOR_BYTES",
     "MARKER_RESERVE_BYTES",
     "MAX_AUDIT_BYTES",
     "MAX_DETAIL_CHARS",
-    "SUMMARY_CATEGORY",
     "SUMMARY_INTERVAL_S",
-    "TRUNCATED_CATEGORY",
     "Admission",
     "AuditLog",
     "AuditRecord",
@@ -109,10 +109,6 @@ MARKER_RESERVE_BYTES = 256
 FREE_FLOOR_BYTES = 32 * 1024 * 1024
 #: One refusal summary per interval (at most) while a flood lasts.
 SUMMARY_INTERVAL_S = 60.0
-#: Category of the aggregated record of uncounted answers.
-SUMMARY_CATEGORY = "refusal-summary"
-#: Category of the record that ends a log at its size cap.
-TRUNCATED_CATEGORY = "audit-truncated"
 #: Bound of the categories one summary holds (they are fixed strings; this
 #: only guards against a bug turning the tally into an unbounded map).
 MAX_SUMMARY_CATEGORIES = 64
@@ -222,7 +218,7 @@ def _log_line(category: str, wall_time: float, **extra: object) -> bytes:
 def format_summary(summary: RefusalSummary) -> bytes:
     """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
     return _log_line(
-        SUMMARY_CATEGORY,
+        policy.CATEGORY_REFUSAL_SUMMARY,
         summary.wall_time,
         since=summary.since,
         counts=dict(summary.counts),
@@ -232,7 +228,7 @@ def format_summary(summary: RefusalSummary) -> bytes:
 
 def truncation_marker(wall_time: float, skipped: int) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
-    return _log_line(TRUNCATED_CATEGORY, wall_time, skipped=skipped)
+    return _log_line(policy.CATEGORY_AUDIT_TRUNCATED, wall_time, skipped=skipped)
 
 
 @dataclass
@@ -258,7 +254,7 @@ class RefusalTally:
         if not self._counts:
             self._opened, self._since = now, wall
         if category not in self._counts and len(self._counts) >= MAX_SUMMARY_CATEGORIES:
-            category = "other"
+            category = policy.CATEGORY_OTHER
         self._counts[category] = self._counts.get(category, 0) + 1
         return due
 

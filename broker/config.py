@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from bounded_query.broker.protocol import is_valid_slug
+from bounded_query.broker.protocol import is_valid_slug, policy
 from bounded_query.broker.protocol.policy import (
     MAX_INVOCATIONS,
     MAX_TIMEOUT_S,
@@ -30,14 +30,13 @@ from bounded_query.broker.protocol.policy import (
     RUN_BUDGETS,
     RUN_ID_PATTERN,
     RUNTIMES,
+    SENSITIVITIES,
     parse_memory_limit,
 )
 from bounded_query.broker.runner import RunnerSettings
 
 __all__ = [
-    "BUDGET_BITS",
     "CONFIG_ENV",
-    "SENSITIVITIES",
     "BrokerConfig",
     "ConfigError",
     "SeedEntry",
@@ -50,11 +49,6 @@ __all__ = [
 
 #: Environment variable naming the config file when ``--config`` is absent.
 CONFIG_ENV = "BOUNDED_QUERY_BROKER_CONFIG"
-
-#: Run budget per sensitivity in bits (spec 14.1); None means unmetered
-#: (policy.RUN_BUDGETS, under the name this module's importers use).
-BUDGET_BITS: Mapping[str, int | None] = RUN_BUDGETS
-SENSITIVITIES = frozenset(BUDGET_BITS)
 
 #: Config and seed-map files are small; a larger file is not ours.
 MAX_CONFIG_FILE_BYTES = 1 << 20
@@ -156,7 +150,7 @@ class SeedEntry:
     @property
     def budget_bits(self) -> int | None:
         """Run budget in bits, None for unmetered (public)."""
-        return BUDGET_BITS[self.sensitivity]
+        return RUN_BUDGETS[self.sensitivity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +239,7 @@ def parse_config(obj: object) -> BrokerConfig:
         raise ConfigError("config.image: expected a non-empty image reference")
     docker_host = _require(obj, "dockerHost", str, "config")
     assert isinstance(docker_host, str)
-    if not docker_host.startswith("unix:///"):
+    if not policy.docker_socket_path(docker_host).startswith("/"):
         raise ConfigError("config.dockerHost: must be a unix:// URL (spec 14.2 preflight)")
     path_map = _require(obj, "hostPathMap", dict, "config")
     assert isinstance(path_map, dict)

@@ -28,6 +28,7 @@ from bounded_query.broker.journal import (
     Outcome,
     Record,
 )
+from bounded_query.broker.protocol import RESULT_STATUS_BIT_COST, TIMING_BUCKET_BITS
 
 __all__ = [
     "MIN_CHARGE_BITS",
@@ -40,9 +41,10 @@ __all__ = [
     "next_state",
 ]
 
-#: The cheapest possible invocation (const schema): 1 status bit + 0 + 3
-#: timing bits (spec 14.3). A balance below this can fund nothing.
-MIN_CHARGE_BITS = 4
+#: The cheapest possible invocation (a schema of cardinality 1): the status bit
+#: plus the timing bits and nothing for the value (spec 14.3). A balance below
+#: this can fund nothing.
+MIN_CHARGE_BITS = RESULT_STATUS_BIT_COST + TIMING_BUCKET_BITS
 
 
 class JournalInconsistent(JournalCorrupt):

@@ -40,19 +40,10 @@ from typing import Protocol
 # protocol/policy.py).
 from bounded_query.broker.protocol.policy import (
     DEFAULT_DOCKER_HOST,
-    LABEL_INVOCATION,
-    LABEL_RUN,
-    MAX_MEMORY_BYTES,
-    MIN_MEMORY_BYTES,
-    parse_memory_limit,
 )
 
 __all__ = [
     "FAILURE_CATEGORIES",
-    "LABEL_INVOCATION",
-    "LABEL_RUN",
-    "MAX_MEMORY_BYTES",
-    "MIN_MEMORY_BYTES",
     "RESULT_FILE_NAME",
     "Degradation",
     "Invocation",
@@ -60,7 +51,6 @@ __all__ = [
     "Runner",
     "RunnerSettings",
     "RunnerUnavailable",
-    "parse_memory_limit",
 ]
 
 #: Failure categories a runner may report; they go to the protected audit log

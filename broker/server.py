@@ -63,7 +63,7 @@ from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog, AuditRecord
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.http import HttpReject, read_request, send_response
-from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES
+from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES, policy
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation, Runner
 from bounded_query.broker.service import Service, report_bug
@@ -297,7 +297,7 @@ class BrokerServer:
             for invocation_id in recovery.interrupted:
                 # An audit write failure never stops the broker (audit.py).
                 with contextlib.suppress(OSError):
-                    audit.write(AuditRecord(invocation_id, "interrupted-by-restart"))
+                    audit.write(AuditRecord(invocation_id, policy.CATEGORY_INTERRUPTED))
             await self.runner.preflight()
             await self.runner.reconcile()
             await run_sync(clear_work_root, config.work_root)
@@ -373,7 +373,7 @@ class BrokerServer:
         seeds = [
             self.config.seeds_root / entry.seed_id
             for entry in self.seed_map.entries.values()
-            if entry.sensitivity != "sealed"
+            if entry.sensitivity != policy.SENSITIVITY_SEALED
         ]
         await self.runner.warm(seeds)
 
@@ -398,7 +398,7 @@ class BrokerServer:
                 await send_response(stream, CANONICAL_ERROR_BODY)
         finally:
             await trio.aclose_forcefully(stream)
-        await self.service.count_refusal("connection-cap")
+        await self.service.count_refusal(policy.CATEGORY_CONNECTION_CAP)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         service = self.service

@@ -32,7 +32,7 @@ Queueing behind a previous invocation is itself bucketed time: that
 invocation answered at a boundary after its own cleanup (spec 14.3.1,
 "Invocations are serialized").
 
-The refusal gate (issue 9 part 5). Transport-level refusals (malformed HTTP,
+The refusal gate. Transport-level refusals (malformed HTTP,
 missed deadlines, the connection cap; ``server.py``) are not in the lane,
 and a refusal answered the moment it is raised is a free, fine-grained
 clock: its latency follows the broker's load, and the broker's work peaks
@@ -53,7 +53,7 @@ broker. When the lane is idle nothing secret is running and refusals leave
 at once. Floods stay bounded (the connection cap and the listen backlog);
 counting is unchanged (after the answer).
 
-Overflow halts the run (issue 9 part 6; reasoning in ``timing.py``). When
+Overflow halts the run (reasoning in ``timing.py``). When
 the watchdog answers an overflow, the run stops serving: the requests queued
 for the lane are woken at once, and they and every later request get the
 canonical error at ``timing.halted_answer_at`` (the first boundary after
@@ -90,7 +90,7 @@ differences, both deliberate:
   a hostile client can cause at most ``maxInvocations`` journal writes in
   a whole run.
 
-Audit (issue 9 part 4; ``audit.py``): an answer that was journaled gets an
+Audit (``audit.py``): an answer that was journaled gets an
 audit line of its own; an uncounted one (past the cap, after a journal
 failure, after a halt) only adds to a per-category tally that leaves as one
 summary record per interval and at shutdown, so a flood costs O(1) audit
@@ -124,9 +124,10 @@ from bounded_query.broker.admission import Admit, Classified, RawRequest, Reject
 from bounded_query.broker.audit import AuditLog, AuditRecord, RefusalSummary, RefusalTally
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.journal import Admitted, Outcome
-from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, TIMING_BUCKETS_MS
+from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.runner import Invocation, Runner, RunReport
 from bounded_query.broker.timing import (
+    BOUNDARIES_S,
     TOLERANCE_S,
     Landing,
     TimingOverflow,
@@ -137,14 +138,11 @@ from bounded_query.broker.timing import (
 from bounded_query.broker.workspace import WorkspaceOps
 
 __all__ = [
-    "BOUNDARIES_S",
     "Decision",
     "Service",
     "report_bug",
 ]
 
-#: Spec 14.3.1 boundaries in seconds, from the protocol's normative constant.
-BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
 
 Sender = Callable[[bytes], Awaitable[None]]
 
@@ -399,7 +397,7 @@ class Service:
         assert self.halted_at is not None
         await sleep_until_staged(halted_answer_at(arrived, self.halted_at, self.boundaries_s[0]))
         await send(CANONICAL_ERROR_BODY)
-        await self.tally("halted-after-overflow")
+        await self.tally(policy.CATEGORY_HALTED)
 
     def _halt(self) -> None:
         """Stop serving after an overflow: wake every request queued for the lane."""
@@ -407,7 +405,7 @@ class Service:
         for scope in self._queued:
             scope.cancel()
         # The operator's precise reason (the agent only ever sees the canonical error).
-        line = {"event": "broker-halted", "reason": "timing-bucket-overflow"}
+        line = {"event": "broker-halted", "reason": policy.CATEGORY_BUCKET_OVERFLOW}
         print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
 
     async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
@@ -431,13 +429,21 @@ class Service:
             landing: Landing | None = None
             if answered:
                 # Answered (and halted) by the watchdog; nobody waits for the lane.
-                body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
+                body, category, bucket_ms = (
+                    CANONICAL_ERROR_BODY,
+                    policy.CATEGORY_BUCKET_OVERFLOW,
+                    None,
+                )
             else:
                 try:
                     landing = await wait_for_boundary(start, self.boundaries_s)
                     bucket_ms = round(landing.boundary_s * 1000)
                 except TimingOverflow:
-                    body, category, bucket_ms = CANONICAL_ERROR_BODY, "timing-bucket-overflow", None
+                    body, category, bucket_ms = (
+                        CANONICAL_ERROR_BODY,
+                        policy.CATEGORY_BUCKET_OVERFLOW,
+                        None,
+                    )
                 self.last_timing = (start, processed, landing)
                 # The refusals held during this pass leave with its answer.
                 gate.set()
@@ -499,16 +505,16 @@ class Service:
             return await self._launch(invocation_id, verdict)
         except CapReached:
             # A refusal counted meanwhile took the last slot; nothing was written.
-            return Decision(CANONICAL_ERROR_BODY, "max-invocations", counted=False)
+            return Decision(CANONICAL_ERROR_BODY, policy.CATEGORY_MAX_INVOCATIONS, counted=False)
         except OSError:
             # A journal write failed: nothing after it happened.
-            return Decision(CANONICAL_ERROR_BODY, "journal-failed")
+            return Decision(CANONICAL_ERROR_BODY, policy.CATEGORY_JOURNAL_FAILED)
         except Exception as exc:
             # A bug of ours: tell the operator (no request data), answer the
             # canonical error. An invocation left in flight is closed as
             # interrupted at the next start-up; its debit stands.
             report_bug(exc)
-            return Decision(CANONICAL_ERROR_BODY, "broker-internal")
+            return Decision(CANONICAL_ERROR_BODY, policy.CATEGORY_BROKER_INTERNAL)
 
     async def _launch(self, invocation_id: str, admitted: Admit) -> Decision:
         """Run an admitted invocation and journal its outcome."""
@@ -533,7 +539,7 @@ class Service:
         try:
             await self._run_sync(self._workspace.make, workspace)
         except OSError:
-            return Classified("workspace-failed")
+            return Classified(policy.CATEGORY_WORKSPACE_FAILED)
         invocation = Invocation(
             run_id=self.config.run_id,
             invocation_id=invocation_id,
@@ -551,7 +557,9 @@ class Service:
             # Cancelled (shutdown grace expired) or a bug while checking the
             # result: the invocation is interrupted, never re-run, never
             # refunded; the workspace must not survive.
-            reason = "shutdown" if isinstance(exc, trio.Cancelled) else "broker-internal"
+            reason = (
+                "shutdown" if isinstance(exc, trio.Cancelled) else policy.CATEGORY_BROKER_INTERNAL
+            )
             with trio.CancelScope(shield=True):
                 await self._run_sync(self._workspace.remove, workspace)
                 if not self.broken:
@@ -559,7 +567,7 @@ class Service:
                         await self.accounts.commit([Outcome(invocation_id, "interrupted", reason)])
             raise
         if not await self._run_sync(self._workspace.remove, workspace):
-            return Classified("cleanup-failed")
+            return Classified(policy.CATEGORY_CLEANUP_FAILED)
         return result
 
     async def _run_runner(self, invocation: Invocation) -> RunReport | None:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 
 from .agent_spec import (
@@ -38,7 +39,6 @@ from .agent_spec import (
     AgentUser,
     parse_agent_user,
 )
-from .config import SLUG_RE
 from .events import EventSink, append_step_summary
 from .options import EXIT_HARNESS, RunOptions
 from .orchestrate import run
@@ -84,7 +84,7 @@ def parse_seed_sources(items: Sequence[str]) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for item in items:
         slug, sep, path = item.partition("=")
-        if not sep or not path or SLUG_RE.fullmatch(slug) is None:
+        if not sep or not path or policy.SLUG_RE.fullmatch(slug) is None:
             raise UsageError(f"--seed-source {item!r}: expected owner/repo=PATH")
         key = slug.lower()
         if key in out:
@@ -176,9 +176,9 @@ def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
     values = {
         name: value
         for name, value in (
-            ("AWF_BOUNDED_QUERY_SOCKET", args.socket),
-            ("AWF_BOUNDED_QUERY_SKILL", args.skill),
-            ("AWF_BOUNDED_QUERY_REPOS", args.repos),
+            (policy.ENV_SOCKET, args.socket),
+            (policy.ENV_SKILL, args.skill),
+            (policy.ENV_REPOS, args.repos),
         )
         if value is not None
     }
@@ -255,7 +255,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    """How the agent is confined (issue 8; README "Confinement")."""
+    """How the agent is confined (README "Confinement")."""
     parser.add_argument(
         "--agent-user",
         default=None,

@@ -1,4 +1,4 @@
-"""Running the agent: in its container (default) or on the host (issue 8).
+"""Running the agent: in its container (default) or on the host.
 
 Theory of operation. ``run`` supervises the agent through one small
 interface, :class:`AgentHandle` (poll, signal, wait, stop, close), with two
@@ -34,10 +34,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
-from bounded_query.sandbox.docker_runner import API_VERSION
+from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE
+from bounded_query.sandbox import engine
 from bounded_query.sandbox.reconcile import remove_container, remove_labelled
 
-from .agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT, AgentContainer, AgentUser
+from .agent_spec import ROLE_AGENT, AgentContainer, AgentUser
 from .agent_spec import container_body as _container_body
 from .events import EventSink
 from .sweep import OwnerRecord, owner_is_gone
@@ -161,9 +162,7 @@ async def start_host_agent(
 
 
 def _api(docker_host: str) -> Any:
-    import docker
-
-    return docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=API_TIMEOUT_S)
+    return engine.api_client(docker_host, API_TIMEOUT_S)
 
 
 def _close_attached(attached: Any) -> None:

@@ -1,4 +1,4 @@
-"""The agent's container and environment, as plain values (spec 14.8; issue 8).
+"""The agent's container and environment, as plain values (spec 14.8).
 
 Theory of operation: the agent never runs next to the harness's secrets. By
 default it is a fresh container on the query engine whose whole view of the
@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 
 from .paths import PRIVATE_PREFIX
@@ -34,8 +35,6 @@ __all__ = [
     "CONTAINER_PATH",
     "DEFAULT_AGENT_IMAGE",
     "DEFAULT_AGENT_UID",
-    "LABEL_OWNER",
-    "LABEL_ROLE",
     "ROLE_AGENT",
     "AgentContainer",
     "AgentUser",
@@ -73,7 +72,7 @@ _ID_MAX = 2**32 - 2
 
 @dataclass(frozen=True, slots=True)
 class AgentUser:
-    """The agent's uid and gid: never 0 (spec 14.8, issue 8)."""
+    """The agent's uid and gid: never 0 (spec 14.8)."""
 
     uid: int
     gid: int
@@ -141,9 +140,9 @@ def agent_environment(
         if container and key in _CONTAINER_REPLACED:
             continue
         out[key] = value
-    out["AWF_BOUNDED_QUERY_SOCKET"] = socket_path
-    out["AWF_BOUNDED_QUERY_SKILL"] = skill_file
-    out["AWF_BOUNDED_QUERY_REPOS"] = ",".join(slugs)
+    out[policy.ENV_SOCKET] = socket_path
+    out[policy.ENV_SKILL] = skill_file
+    out[policy.ENV_REPOS] = ",".join(slugs)
     if container:
         out["PATH"] = f"{wrapper_dir}:{CONTAINER_PATH}"
         out["HOME"] = "/tmp"

@@ -1,4 +1,4 @@
-"""Which runs may mix unmetered and metered repositories (issue 9; README "Residual channels").
+"""Which runs may mix unmetered and metered repositories (README "Residual channels").
 
 Theory of operation: spec 14.10 bounds what an invocation discloses by its
 own charge. A later query on a ``public`` repository is unmetered, so any
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from bounded_query.broker.protocol import policy
 
-from .config import RUN_BUDGETS, Problem
+from .config import Problem
 
 __all__ = [
     "ALLOW_FLAG",
@@ -70,7 +70,7 @@ class ChannelDecision:
 def mixes_sensitivity(sensitivities: Iterable[str]) -> bool:
     """True when the run has a ``public`` repository and a metered one that can run queries."""
     classes = set(sensitivities)
-    metered = {s for s in classes if (RUN_BUDGETS.get(s) or 0) > 0}
+    metered = {s for s in classes if (policy.RUN_BUDGETS.get(s) or 0) > 0}
     return "public" in classes and bool(metered)
 
 
@@ -96,7 +96,7 @@ def channel_decision(
         open_channels += SHARED_STORAGE_CHANNELS
     if not open_channels:
         return ChannelDecision()
-    where = "runc" if runtime != policy.RUNTIME_GVISOR else "this host"
+    where = policy.OCI_RUNC if runtime != policy.RUNTIME_GVISOR else "this host"
     listed = "; ".join(open_channels)
     if allow_mixed:
         return ChannelDecision(

@@ -104,7 +104,7 @@ def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
-        # The broker stays off the query CPUs (sandbox/cpus.py; issue 9 part 5).
+        # The broker stays off the query CPUs (sandbox/cpus.py).
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
 

@@ -60,7 +60,7 @@ class EventSink:
         """From now on, write ``label`` (for example ``<privateRoot>``) for ``path``.
 
         Events and degraded notes are operator-facing but still hold no host
-        path of the run's roots (issue 14 item 1): every string value of a
+        path of the run's roots: every string value of a
         record, nested ones included, has the registered paths replaced,
         longest first.
         """

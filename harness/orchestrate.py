@@ -11,7 +11,7 @@ process in its own session, ``child.py``; or the compose service) ->
 readiness (the broker's ``control/ready`` file) -> the agent
 (``supervise.py``) -> teardown (``teardown.py``).
 
-The agent is confined (issue 8): by default it runs in its own container;
+The agent is confined: by default it runs in its own container;
 with ``--agent-on-host`` as an unprivileged user after the host check; as
 the harness's own uid only with ``--unconfined-agent``, and then the run is
 degraded. With the section absent or not enabled, nothing is staged or

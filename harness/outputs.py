@@ -29,7 +29,6 @@ from .skill import render_skill
 from .staging import StagedSeed, remove_tree
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "broker_config_doc",
     "create_ingress_root",
     "install_wrapper_dir",

@@ -13,7 +13,7 @@ and tested here as tables.
   inputs (what the agent can see), what to stage, the cross-invocation
   channel decision and the broker configuration document.
 * :func:`choose_agent_user` and :func:`agent_mode_problems` -- who the agent
-  runs as, and why a requested agent mode is refused (issue 8 item 2).
+  runs as, and why a requested agent mode is refused.
 * :func:`plan_teardown`, :func:`summary_kind`, :func:`final_status` -- what
   teardown undoes, which step summary is written, and the exit status after
   a signal (``options.py``).
@@ -165,7 +165,7 @@ def agent_mode_problems(
     harness_uid: int,
     docker_host: str = DEFAULT_DOCKER_HOST,
 ) -> list[Problem]:
-    """Why the requested agent mode is refused (empty: allowed); issue 8 item 2."""
+    """Why the requested agent mode is refused (empty: allowed)."""
     where = "--agent-on-host"
     if options.unconfined_agent and not options.agent_on_host:
         return [

@@ -1,4 +1,4 @@
-"""One human line per answered invocation, for an operator at a terminal (issue 14 item 6).
+"""One human line per answered invocation, for an operator at a terminal.
 
 Theory of operation: the broker writes one protected audit record per
 counted response (``broker/audit.py``); while the agent runs, the harness
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.timing import bucket_label
 
 __all__ = [
@@ -47,13 +48,13 @@ def human_line(record: Mapping[str, Any]) -> str | None:
     category = record.get("category")
     if not isinstance(category, str):
         return None
-    if category == "refusal-summary":
+    if category == policy.CATEGORY_REFUSAL_SUMMARY:
         counts = record.get("counts")
         if not isinstance(counts, dict):
             return None
         parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
         return f"bounded-query: {record.get('total', '?')} uncounted refusals ({parts})"
-    if category == "audit-truncated":
+    if category == policy.CATEGORY_AUDIT_TRUNCATED:
         return "bounded-query: the audit log reached its size cap; later answers are not listed"
     repo = record.get("repo") if isinstance(record.get("repo"), str) else "(no configured repo)"
     kind = record.get("kind") if isinstance(record.get("kind"), str) else "?"

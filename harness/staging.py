@@ -55,7 +55,6 @@ from .config import PrivateRepo
 from .paths import PRIVATE_ROOT_MODE, PRIVATE_ROOT_MODE_ROOT, RunPaths
 
 __all__ = [
-    "QUERY_UID",
     "SeedSpec",
     "StagedSeed",
     "StagingError",
@@ -178,7 +177,7 @@ def create_private_root(paths: RunPaths) -> None:
 
     As root both are ``root:65534`` 0710 (:data:`PRIVATE_ROOT_MODE_ROOT`):
     only the query's group may traverse them, so no other unprivileged user
-    (a host agent, issue 8) can reach anything below. Otherwise (a
+    (a host agent) can reach anything below. Otherwise (a
     non-root harness cannot give a directory to group 65534) 0711.
 
     Raises:

@@ -6,7 +6,7 @@ invocation, and a category for every refusal it counted) and joins it with
 its protected audit log (each response's
 timing bucket, category and, when the request named a configured slug, its
 repository) on the invocation id. Every counted response is then explained
-(issue 14 item 2): launched ones under their repository, refusals under the
+: launched ones under their repository, refusals under the
 repository they named or as *not attributable* (an invalid or unconfigured
 repository, a malformed frame), and answers past the cap from the audit's
 refusal summaries.
@@ -28,9 +28,8 @@ from typing import Any
 
 from bounded_query.broker.journal import JournalCorrupt, decode_journal
 from bounded_query.broker.ledger import Ledger
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.timing import bucket_label
-
-from .config import RUN_BUDGETS
 
 __all__ = [
     "MAX_SUMMARY_BYTES",
@@ -47,7 +46,7 @@ MAX_SUMMARY_BYTES = 1024 * 1024 - 64 * 1024
 #: The row label of counted refusals that name no configured repository.
 NOT_ATTRIBUTABLE = "not attributable"
 #: Audit categories that are records about the log, not responses.
-_LOG_CATEGORIES = frozenset({"refusal-summary", "audit-truncated"})
+_LOG_CATEGORIES = frozenset({policy.CATEGORY_REFUSAL_SUMMARY, policy.CATEGORY_AUDIT_TRUNCATED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +65,7 @@ class RepoUsage:
     @property
     def budget(self) -> int | None:
         """The run budget in bits, None when unmetered."""
-        return RUN_BUDGETS.get(self.sensitivity)
+        return policy.RUN_BUDGETS.get(self.sensitivity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +109,9 @@ def _audit_records(lines: Iterable[bytes]) -> tuple[dict[str, dict[str, Any]], C
             continue
         if not isinstance(record, dict):
             continue
-        if record.get("category") == "refusal-summary" and isinstance(record.get("counts"), dict):
+        if record.get("category") == policy.CATEGORY_REFUSAL_SUMMARY and isinstance(
+            record.get("counts"), dict
+        ):
             for category, n in record["counts"].items():
                 if isinstance(category, str) and isinstance(n, int) and n > 0:
                     uncounted[category] += n

@@ -1,4 +1,4 @@
-"""Supervising the agent: start it in its mode, forward signals, stop it (issue 8).
+"""Supervising the agent: start it in its mode, forward signals, stop it.
 
 Theory of operation: one :class:`Supervision` record per run holds the
 agent's handle (``agent.py``), the cancel scope of the run's main phase and
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+from bounded_query.sandbox import engine
 from bounded_query.sandbox.cpus import agent_cpu_set, agent_cpus
 
 from .agent import (
@@ -270,7 +271,7 @@ def agent_image_problems(docker_host: str, image: str) -> list[Problem]:
     import docker
 
     try:
-        client = docker.DockerClient(base_url=docker_host, timeout=30)
+        client = engine.docker_client(docker_host, 30)
     except Exception as exc:
         return [
             Problem(

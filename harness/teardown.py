@@ -21,7 +21,7 @@ from pathlib import Path
 
 import trio
 from bounded_query.broker.protocol.policy import LABEL_RUN
-from bounded_query.sandbox.docker_runner import API_VERSION
+from bounded_query.sandbox import engine
 from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
 
 from .config import BoundedQueriesConfig
@@ -77,9 +77,7 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
     Raises:
         Exception: the engine could not be reached or could not list containers.
     """
-    import docker
-
-    api = docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=RECONCILE_TIMEOUT_S)
+    api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:
         removed = remove_labelled(api, f"{LABEL_RUN}={run_id}").removed
         remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}")

@@ -1,4 +1,4 @@
-"""The staging token leaves this process's environment at once (spec 14.6; issue 8).
+"""The staging token leaves this process's environment at once (spec 14.6).
 
 Theory of operation: ``/proc/<pid>/environ`` shows the environment block the
 process was *started* with -- the bytes between ``env_start`` and

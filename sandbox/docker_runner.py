@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
-    LABEL_RUN,
     RESULT_FILE_NAME,
     Degradation,
     Invocation,
@@ -44,6 +45,7 @@ from bounded_query.broker.runner import (
 from bounded_query.broker.workspace import read_result_file
 from bounded_query.seccomp import profile_json
 
+from . import engine
 from .overlay import (
     VolumeSpec,
     invocation_volume,
@@ -53,19 +55,10 @@ from .overlay import (
 )
 from .pagecache import PIN_READY, pin_container_body
 from .reconcile import remove_container, remove_labelled, remove_volume
-from .spec import (
-    QUERY_GID,
-    QUERY_UID,
-    RUNTIMES,
-    SCRIPT_FILE_NAME,
-    container_spec,
-    probe_spec,
-    translate_host_path,
-)
+from .spec import SCRIPT_FILE_NAME, container_spec, probe_spec, translate_host_path
 from .storage import mount_tmpfs, tmpfs_quota, unmount
 
 __all__ = [
-    "API_VERSION",
     "DockerRunner",
     "RunOptions",
     "prepare_workspace",
@@ -73,8 +66,6 @@ __all__ = [
     "release_storage",
 ]
 
-#: Engine API version we speak: Docker 20.10 (Debian 12) and every later engine.
-API_VERSION = "1.41"
 #: HTTP timeout of ordinary Engine API calls (create, start, remove, inspect).
 #: Generous: removal of a container whose tmpfs holds a large tree can take a
 #: few seconds on a loaded machine.
@@ -234,10 +225,10 @@ class DockerRunner:
         options: RunOptions | None = None,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        if settings.runtime not in RUNTIMES:
+        if settings.runtime not in OCI_RUNTIMES:
             raise ValueError(f"DockerRunner cannot launch runtime {settings.runtime!r}")
         self.settings = settings
-        self.oci_runtime = RUNTIMES[settings.runtime]
+        self.oci_runtime = OCI_RUNTIMES[settings.runtime]
         self.options = options or RunOptions()
         self._seccomp = profile_json(self.oci_runtime)
         self._client_factory = client_factory or self._default_client
@@ -255,11 +246,7 @@ class DockerRunner:
         self._pin_lock = trio.Lock()
 
     def _default_client(self) -> Any:
-        import docker  # imported lazily: the pure modules never need it
-
-        return docker.APIClient(
-            base_url=self.settings.docker_host, version=API_VERSION, timeout=API_TIMEOUT_S
-        )
+        return engine.api_client(self.settings.docker_host, API_TIMEOUT_S)
 
     @property
     def api(self) -> Any:
@@ -282,7 +269,8 @@ class DockerRunner:
                 did not exit 0. Never falls back to another runtime.
         """
         host = self.settings.docker_host
-        if host.startswith("unix://") and not await trio.Path(host[len("unix://") :]).exists():
+        socket_path = policy.docker_socket_path(host)
+        if socket_path and not await trio.Path(socket_path).exists():
             raise RunnerUnavailable(f"Docker engine at {host} unreachable: no such socket")
         try:
             info = await self._call(self.api.info)
@@ -348,7 +336,7 @@ class DockerRunner:
             self.isolated_storage = isolated
             report = await self._run_in_workspace(invocation, view, seed_host, phases)
         except OSError:  # the workspace could not be mounted (a local fault)
-            return RunReport("runner-internal", phases)
+            return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         except BaseException:
             if isolated:
                 with trio.CancelScope(shield=True):
@@ -358,7 +346,7 @@ class DockerRunner:
             with trio.CancelScope(shield=True), clock("remove"):
                 released = await trio.to_thread.run_sync(release_storage, invocation)
             if not released:
-                return RunReport("cleanup-failed", phases)
+                return RunReport(policy.CATEGORY_CLEANUP_FAILED, phases)
         return report
 
     async def _run_in_workspace(
@@ -373,7 +361,7 @@ class DockerRunner:
                     lambda: prepare_workspace(invocation, overlay=view is not None)
                 )
         except OSError:
-            return RunReport("runner-internal", phases)
+            return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         volume = None
         if view is not None:
             workspace_host = translate_host_path(str(invocation.workspace), hmap)
@@ -410,7 +398,7 @@ class DockerRunner:
                 with clock("start"):
                     await self._call(self.api.start, container_id)
             except Exception:
-                failure = "query-launch-failed"
+                failure = policy.CATEGORY_LAUNCH_FAILED
                 if view is not None:
                     # e.g. the view volume was removed behind our back:
                     # prepare it again for the next invocation
@@ -423,7 +411,7 @@ class DockerRunner:
                 if volume is not None:
                     removed = await self._remove_volume(volume.name) and removed
         if not removed:
-            failure = "cleanup-failed"
+            failure = policy.CATEGORY_CLEANUP_FAILED
         return RunReport(failure, phases)
 
     async def _wait(self, container_id: str, phases: dict[str, float]) -> str | None:
@@ -438,7 +426,7 @@ class DockerRunner:
                         abandon_on_cancel=True,
                     )
                 except Exception:
-                    return "runner-internal"
+                    return policy.CATEGORY_RUNNER_INTERNAL
         if scope.cancelled_caught:
             return "query-timeout"  # the caller's removal kills the container
         code = _status_code(result)
@@ -451,8 +439,8 @@ class DockerRunner:
         try:
             state = (await self._call(self.api.inspect_container, container_id))["State"]
         except Exception:
-            return "query-nonzero-exit"
-        return "query-oom" if state.get("OOMKilled") else "query-nonzero-exit"
+            return policy.CATEGORY_NONZERO_EXIT
+        return policy.CATEGORY_OOM if state.get("OOMKilled") else policy.CATEGORY_NONZERO_EXIT
 
     async def _remove(self, container: str) -> bool:
         """Force-remove one container (by id or name); True when it is gone (``reconcile.py``)."""

@@ -1,4 +1,4 @@
-"""The query sandbox's seccomp profile (spec 14.7; issue 4 item 4).
+"""The query sandbox's seccomp profile (spec 14.7).
 
 ``query.json`` is a Docker seccomp profile: default action errno EPERM, an
 allow-list traced from python3 and git (recipe in ``seccomp/recipe/``), and
@@ -21,24 +21,23 @@ import json
 from importlib import resources
 from typing import Any
 
-from bounded_query.broker.protocol.policy import OCI_RUNTIMES
+from bounded_query.broker.protocol import policy
 
-__all__ = ["PROFILE_NAME", "RUNTIMES", "load_profile", "profile_json"]
+__all__ = ["PROFILE_NAME", "load_profile", "profile_json"]
 
 #: File name of the profile inside this package.
 PROFILE_NAME = "query.json"
-#: OCI runtimes we have a variant for: every launchable runtime's (runc, runsc).
-RUNTIMES = frozenset(OCI_RUNTIMES.values())
 
 
-def load_profile(runtime: str = "runc") -> dict[str, Any]:
+def load_profile(runtime: str = policy.OCI_RUNC) -> dict[str, Any]:
     """The profile for ``runtime`` as a fresh dict (see module docstring).
 
     Raises:
         ValueError: unknown runtime, or the shipped profile is not a
             default-deny profile with a clone3 rule (a packaging bug).
     """
-    if runtime not in RUNTIMES:
+    # A variant for every launchable runtime's OCI runtime (runc, runsc).
+    if runtime not in policy.OCI_RUNTIMES.values():
         raise ValueError(f"no seccomp profile variant for runtime {runtime!r}")
     text = resources.files(__name__).joinpath(PROFILE_NAME).read_text(encoding="utf-8")
     value = json.loads(text)
@@ -47,13 +46,13 @@ def load_profile(runtime: str = "runc") -> dict[str, Any]:
     rules = [r for r in value.get("syscalls", []) if r.get("names") == ["clone3"]]
     if len(rules) != 1:
         raise ValueError(f"{PROFILE_NAME} needs exactly one clone3 rule")
-    if runtime == "runsc":
+    if runtime == policy.OCI_RUNSC:
         rules[0]["action"] = "SCMP_ACT_TRACE"
     return value
 
 
 @functools.cache
-def profile_json(runtime: str = "runc") -> str:
+def profile_json(runtime: str = policy.OCI_RUNC) -> str:
     """The profile as compact JSON, ready for ``SecurityOpt: seccomp=<json>``.
 
     Raises:

@@ -1,6 +1,6 @@
 #!/bin/sh
 """exec" python3 -I "$0" "$@"
-``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8, issue 13).
+``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8).
 
 The agent's MCP client starts this file as a local stdio server. It speaks
 newline-delimited JSON-RPC 2.0 on stdin/stdout and offers two fixed tools and

@@ -14,8 +14,6 @@ import pytest
 from bounded_query.broker.audit import (
     MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
-    SUMMARY_CATEGORY,
-    TRUNCATED_CATEGORY,
     Admission,
     AuditLog,
     AuditRecord,
@@ -26,6 +24,7 @@ from bounded_query.broker.audit import (
     format_summary,
     truncation_marker,
 )
+from bounded_query.broker.protocol import policy
 
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service
@@ -99,11 +98,11 @@ def test_tally_categories_are_bounded():
 def test_summary_and_marker_lines_keep_the_record_keys():
     summary = json.loads(format_summary(RefusalSummary((("x", 3), ("y", 1)), 1.0, 2.0)))
     assert summary["invocationId"] == "-"
-    assert summary["category"] == SUMMARY_CATEGORY
+    assert summary["category"] == policy.CATEGORY_REFUSAL_SUMMARY
     assert summary["counts"] == {"x": 3, "y": 1}
     assert summary["total"] == 4
     marker = json.loads(truncation_marker(5.0, skipped=7))
-    assert marker["category"] == TRUNCATED_CATEGORY
+    assert marker["category"] == policy.CATEGORY_AUDIT_TRUNCATED
     assert marker["skipped"] == 7
     with pytest.raises(ValueError, match="positive"):
         RefusalSummary((), 0.0, 0.0)
@@ -125,8 +124,8 @@ def test_the_log_stops_at_its_cap_with_one_marker(tmp_path):
     size = path.stat().st_size
     assert size <= cap
     lines = _lines(path)
-    assert lines[-1]["category"] == TRUNCATED_CATEGORY
-    assert sum(line["category"] == TRUNCATED_CATEGORY for line in lines) == 1
+    assert lines[-1]["category"] == policy.CATEGORY_AUDIT_TRUNCATED
+    assert sum(line["category"] == policy.CATEGORY_AUDIT_TRUNCATED for line in lines) == 1
     assert [line["invocationId"] for line in lines[:-1]] == [
         f"{i:032x}" for i in range(len(lines) - 1)
     ]

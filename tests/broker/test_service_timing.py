@@ -16,8 +16,8 @@ from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
-from bounded_query.broker.service import BOUNDARIES_S, Service
-from bounded_query.broker.timing import TOLERANCE_S
+from bounded_query.broker.service import Service
+from bounded_query.broker.timing import BOUNDARIES_S, TOLERANCE_S
 
 from tests.broker.helpers import ERROR, load, make_root, raw_request, request_bytes, run_inline
 from tests.fakes.runner import ScriptedRunner

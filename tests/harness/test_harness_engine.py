@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.compose import HARNESS_LABEL

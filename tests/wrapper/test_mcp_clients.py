@@ -23,7 +23,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.mcp_config import AGENT_VARIABLES, render_mcp_config
+from bounded_query.broker.protocol import policy
+from bounded_query.harness.mcp_config import render_mcp_config
 
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import BOOLEAN, SKILL_TEXT, server_env, skill_file, wrapper_dir
@@ -86,7 +87,10 @@ def inspector(env, home, era, *args):
     """The Inspector passes the server only a safe default environment: the three
     variables go in with ``-e`` (as a client configuration's ``env`` would)."""
     forwarded = [
-        item for name in AGENT_VARIABLES if name in env for item in ("-e", f"{name}={env[name]}")
+        item
+        for name in policy.AGENT_VARIABLES
+        if name in env
+        for item in ("-e", f"{name}={env[name]}")
     ]
     return run(
         [
@@ -235,6 +239,6 @@ def test_copilot_and_codex_accept_their_snippets(tmp_path, name, config):
     text = shown.stdout + shown.stderr
     assert shown.returncode == 0, text
     assert "bounded-query-mcp" in text
-    for variable in AGENT_VARIABLES:
+    for variable in policy.AGENT_VARIABLES:
         assert variable in text
     assert "stdio" in text or "local" in text
