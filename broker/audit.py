@@ -82,14 +82,17 @@ __all__ = [
     "MAX_DETAIL_CHARS",
     "SUMMARY_INTERVAL_S",
     "Admission",
+    "AuditLine",
     "AuditLog",
     "AuditRecord",
     "RefusalSummary",
     "RefusalTally",
+    "Truncation",
     "admit",
     "format_record",
     "format_summary",
     "iso_utc",
+    "parse_line",
     "sanitize_detail",
     "truncation_marker",
 ]
@@ -229,6 +232,84 @@ def format_summary(summary: RefusalSummary) -> bytes:
 def truncation_marker(wall_time: float, skipped: int) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
     return _log_line(policy.CATEGORY_AUDIT_TRUNCATED, wall_time, skipped=skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """The marker that ends a log at its size cap: ``skipped`` lines were not written."""
+
+    skipped: int
+    wall_time: float
+
+
+#: One decoded audit line: an answer, a refusal summary, or the truncation marker.
+AuditLine = AuditRecord | RefusalSummary | Truncation
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def parse_line(line: bytes) -> AuditLine | None:
+    """Decode one line as :func:`format_record`, :func:`format_summary` or
+    :func:`truncation_marker` wrote it (pure).
+
+    The readers (the harness's step summary, report and terminal progress)
+    decode through here, so the keys exist in this module only. Tolerant by
+    design: the log may end in a torn line or be edited by hand, so anything
+    that is not one of our three shapes -- not JSON, another ``_schema``, a
+    field of the wrong type -- is None (skipped), never an exception; a
+    field that is merely absent or of the wrong type in an answer record
+    reads as unknown (None).
+    """
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or obj.get("_schema") != AUDIT_SCHEMA:
+        return None
+    category = obj.get("category")
+    if not isinstance(category, str):
+        return None
+    if category == policy.CATEGORY_REFUSAL_SUMMARY:
+        counts = obj.get("counts")
+        since, wall = _opt_float(obj.get("since")), _opt_float(obj.get("time"))
+        if not isinstance(counts, dict) or since is None or wall is None:
+            return None
+        pairs = tuple(sorted((k, n) for k, n in counts.items() if _opt_int(n) is not None))
+        try:
+            return RefusalSummary(pairs, since, wall)
+        except ValueError:
+            return None
+    if category == policy.CATEGORY_AUDIT_TRUNCATED:
+        skipped, wall = _opt_int(obj.get("skipped")), _opt_float(obj.get("time"))
+        if skipped is None or wall is None:
+            return None
+        return Truncation(skipped, wall)
+    invocation_id = obj.get("invocationId")
+    if not isinstance(invocation_id, str):
+        return None
+    return AuditRecord(
+        invocation_id=invocation_id,
+        category=category,
+        sensitivity=_opt_str(obj.get("sensitivity")),
+        charge=_opt_int(obj.get("charge")),
+        bucket_ms=_opt_int(obj.get("bucketMs")),
+        wall_time=_opt_float(obj.get("time")),
+        detail=_opt_str(obj.get("detail")),
+        repo=_opt_str(obj.get("repo")),
+        kind=_opt_str(obj.get("kind")),
+    )
 
 
 @dataclass

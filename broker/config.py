@@ -41,6 +41,8 @@ __all__ = [
     "ConfigError",
     "SeedEntry",
     "SeedMap",
+    "encode_config",
+    "encode_seed_map",
     "load_config",
     "load_seed_map",
     "parse_config",
@@ -300,6 +302,50 @@ def parse_seed_map(obj: object) -> SeedMap:
             raise ConfigError(f"{where}.repo: duplicate repository (case-insensitive)")
         entries[key] = SeedEntry(repo, seed_id, sensitivity, commit)
     return SeedMap(entries)
+
+
+def encode_config(config: BrokerConfig) -> dict[str, object]:
+    """The broker config document for ``config`` (what ``parse_config`` reads back).
+
+    The harness writes it (``harness/outputs.py``) and the broker parses it:
+    both sides go through this module, so a key exists in one place and
+    ``parse_config(encode_config(c)) == c`` for every valid ``c``.
+    """
+    return {
+        "version": 1,
+        "runId": config.run_id,
+        "socketPath": str(config.socket_path),
+        "socketUid": config.socket_uid,
+        "socketGid": config.socket_gid,
+        "privateRoot": str(config.private_root),
+        "seedMap": str(config.seed_map_path),
+        "runtime": config.runtime,
+        "timeout": config.timeout_s,
+        "memoryLimit": config.memory_limit,
+        "maxInvocations": config.max_invocations,
+        "image": config.image,
+        "dockerHost": config.docker_host,
+        "hostPathMap": dict(config.host_path_map),
+    }
+
+
+def encode_seed_map(seed_map: SeedMap) -> dict[str, object]:
+    """The seed map document (spec 14.6), entries in ``seed_map``'s order.
+
+    ``parse_seed_map(encode_seed_map(m)) == m`` for every valid ``m``.
+    """
+    return {
+        "version": 1,
+        "repos": [
+            {
+                "repo": entry.repo,
+                "seedId": entry.seed_id,
+                "sensitivity": entry.sensitivity,
+                "commit": entry.commit,
+            }
+            for entry in seed_map.entries.values()
+        ],
+    }
 
 
 def _load_json(path: Path, what: str) -> object:

@@ -1,4 +1,4 @@
-"""Bounded audit growth (broker/audit.py; issue 9 part 4).
+"""Bounded audit growth and the audit codec (broker/audit.py).
 
 The pure policy (:func:`admit`, :class:`RefusalTally`) exhaustively, then the
 capped file itself, then a service whose audit log cannot be written at all
@@ -19,12 +19,16 @@ from bounded_query.broker.audit import (
     AuditRecord,
     RefusalSummary,
     RefusalTally,
+    Truncation,
     admit,
     format_record,
     format_summary,
+    parse_line,
     truncation_marker,
 )
-from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol import TIMING_BUCKETS_MS, policy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service
@@ -193,3 +197,76 @@ async def test_audit_write_failures_change_no_answer(autojump_clock, tmp_path):
     finally:
         svc.accounts.close()
         audit.close()
+
+
+# --- the audit log's one codec: what the writer writes, the readers decode ---------------
+
+_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+_maybe_int = st.none() | st.integers(min_value=0, max_value=2**40)
+
+
+@given(
+    invocation_id=_text,
+    category=st.sampled_from(
+        [
+            getattr(policy, n)
+            for n in policy.__all__
+            if n.startswith("CATEGORY_")
+            and n not in ("CATEGORY_REFUSAL_SUMMARY", "CATEGORY_AUDIT_TRUNCATED")
+        ]
+    ),
+    sensitivity=st.none() | st.sampled_from(policy.SENSITIVITIES),
+    charge=_maybe_int,
+    bucket=st.none() | st.sampled_from(TIMING_BUCKETS_MS),
+    wall=st.floats(min_value=0, max_value=4e9).map(lambda t: round(t, 3)),
+    detail=st.none() | _text,
+    repo=st.none() | st.just("octo/alpha"),
+    kind=st.none() | st.sampled_from(["boolean", "object"]),
+)
+def test_answer_lines_decode_to_what_was_written(
+    invocation_id, category, sensitivity, charge, bucket, wall, detail, repo, kind
+):
+    record = AuditRecord(
+        invocation_id, category, sensitivity, charge, bucket, wall, detail, repo, kind
+    )
+    assert parse_line(format_record(record)) == record
+
+
+@given(
+    counts=st.dictionaries(
+        st.sampled_from(["http-malformed", "max-invocations", "other"]),
+        st.integers(1, 10**6),
+        min_size=1,
+    ),
+    since=st.floats(min_value=0, max_value=4e9),
+    wall=st.floats(min_value=0, max_value=4e9),
+    skipped=st.integers(0, 10**9),
+)
+def test_log_records_decode_to_what_was_written(counts, since, wall, skipped):
+    summary = RefusalSummary(tuple(sorted(counts.items())), since, wall)
+    assert parse_line(format_summary(summary)) == summary
+    assert parse_line(truncation_marker(wall, skipped)) == Truncation(skipped, wall)
+
+
+@given(st.binary(max_size=200) | st.from_type(object).map(lambda o: repr(o).encode()))
+def test_any_other_line_is_skipped_never_raised(raw):
+    decoded = parse_line(raw)
+    assert decoded is None or isinstance(decoded, AuditRecord | RefusalSummary | Truncation)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"",
+        b"[]",
+        b'{"category": "ok", "invocationId": "01"}',  # no _schema: not our line
+        b'{"_schema": "bounded-query-event/v1", "category": "ok", "invocationId": "01"}',
+        b'{"_schema": "bounded-query-audit/v1", "category": 7, "invocationId": "01"}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "ok", "invocationId": 1}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "refusal-summary", "counts": []}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "audit-truncated", "time": 1}',
+        b"[" * 100000,
+    ],
+)
+def test_foreign_or_malformed_lines_are_none(line):
+    assert parse_line(line) is None
