@@ -56,7 +56,7 @@ however long the flood lasts, and it must never be what breaks the journal:
 * Every write failure is swallowed by the caller (``Service.audit``): it
   never crashes the broker or changes an answer.
 
-The decisions are pure (:func:`admit`, :class:`RefusalTally`,
+The decisions are pure (:func:`decide_write`, :class:`RefusalTally`,
 :func:`format_summary`); :class:`AuditLog` only does the I/O.
 """
 
@@ -72,6 +72,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
+from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol import policy
 
 __all__ = [
@@ -81,14 +82,14 @@ __all__ = [
     "MAX_AUDIT_BYTES",
     "MAX_DETAIL_CHARS",
     "SUMMARY_INTERVAL_S",
-    "Admission",
     "AuditLine",
     "AuditLog",
     "AuditRecord",
     "RefusalSummary",
     "RefusalTally",
     "Truncation",
-    "admit",
+    "WriteDecision",
+    "decide_write",
     "format_record",
     "format_summary",
     "iso_utc",
@@ -353,7 +354,7 @@ class RefusalTally:
         return dict(self._counts)
 
 
-class Admission(Enum):
+class WriteDecision(Enum):
     """What the size policy lets the log do with one line."""
 
     WRITE = "write"
@@ -361,7 +362,7 @@ class Admission(Enum):
     DROP = "drop"
 
 
-def admit(
+def decide_write(
     written: int,
     length: int,
     *,
@@ -370,7 +371,7 @@ def admit(
     cap: int = MAX_AUDIT_BYTES,
     reserve: int = MARKER_RESERVE_BYTES,
     floor: int = FREE_FLOOR_BYTES,
-) -> Admission:
+) -> WriteDecision:
     """Whether a ``length``-byte line may follow ``written`` bytes (pure).
 
     WRITE while the line fits below ``cap - reserve`` and the filesystem keeps
@@ -380,12 +381,12 @@ def admit(
     space is short.
     """
     if truncated:
-        return Admission.DROP
+        return WriteDecision.DROP
     if free_bytes is not None and free_bytes - length < floor:
-        return Admission.DROP
+        return WriteDecision.DROP
     if written + length <= cap - reserve:
-        return Admission.WRITE
-    return Admission.MARKER
+        return WriteDecision.WRITE
+    return WriteDecision.MARKER
 
 
 class AuditLog:
@@ -426,13 +427,13 @@ class AuditLog:
         self.write_line(format_summary(summary))
 
     def write_line(self, line: bytes) -> None:
-        """Append one pre-formatted line under the size policy (:func:`admit`)."""
+        """Append one pre-formatted line under the size policy (:func:`decide_write`)."""
         with self._lock:
             if self._fd < 0:
                 return
             if self.skipped:
                 line = _with_skipped(line, self.skipped)
-            decision = admit(
+            decision = decide_write(
                 self.written,
                 len(line),
                 truncated=self.truncated,
@@ -440,15 +441,15 @@ class AuditLog:
                 cap=self._cap,
                 floor=self._floor,
             )
-            if decision is Admission.DROP:
+            if decision is WriteDecision.DROP:
                 self.skipped += 1
                 return
-            if decision is Admission.MARKER:
+            if decision is WriteDecision.MARKER:
                 self.truncated = True
                 line = truncation_marker(_wall(), self.skipped + 1)
                 if self.written + len(line) > self._cap:
                     return
-            os.write(self._fd, line)
+            write_all(self._fd, line)
             self.written += len(line)
             self.skipped = 0
 

@@ -95,10 +95,10 @@ def response_bytes(body: bytes) -> bytes:
     )
 
 
-class _Budget:
+class _ReadClock:
     """A deadline counted only while reading: time spent in ``hold`` is not charged.
 
-    ``reason`` is the refusal when the budget runs out.
+    ``reason`` is the refusal when it runs out.
     """
 
     def __init__(self, seconds: float, reason: str) -> None:
@@ -109,7 +109,7 @@ class _Budget:
 async def _next_event(
     conn: h11.Connection,
     stream: trio.abc.Stream,
-    budget: _Budget,
+    clock: _ReadClock,
     hold: Callable[[], Awaitable[None]] | None,
     malformed: str = policy.CATEGORY_HTTP_MALFORMED,
     record: bytearray | None = None,
@@ -117,7 +117,7 @@ async def _next_event(
     """Next h11 event, receiving more bytes as needed (EOF is fed to h11).
 
     Before each receive, ``hold`` (if any) is awaited outside the deadline;
-    each receive may use what is left of ``budget``. Every byte received is
+    each receive may use what is left of ``clock``. Every byte received is
     also appended to ``record`` when one is given.
     """
     while True:
@@ -130,15 +130,15 @@ async def _next_event(
         if hold is not None:
             await hold()
         started = trio.current_time()
-        with trio.move_on_after(budget.remaining) as scope:
+        with trio.move_on_after(clock.remaining) as scope:
             try:
                 data = await stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise HttpReject(policy.CATEGORY_HTTP_CONNECTION_LOST) from exc
         if scope.cancelled_caught:
-            raise HttpReject(budget.reason)
+            raise HttpReject(clock.reason)
         # A receive that returned at the deadline may overshoot it slightly.
-        budget.remaining = max(0.0, budget.remaining - (trio.current_time() - started))
+        clock.remaining = max(0.0, clock.remaining - (trio.current_time() - started))
         if record is not None:
             record += data
         try:
@@ -202,8 +202,8 @@ async def read_request(
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
     raw_head = bytearray()
-    head_budget = _Budget(header_timeout_s, policy.CATEGORY_HTTP_HEADER_TIMEOUT)
-    event = await _next_event(conn, stream, head_budget, hold, record=raw_head)
+    head_clock = _ReadClock(header_timeout_s, policy.CATEGORY_HTTP_HEADER_TIMEOUT)
+    event = await _next_event(conn, stream, head_clock, hold, record=raw_head)
     if not isinstance(event, h11.Request):
         raise HttpReject(policy.CATEGORY_HTTP_NO_REQUEST)
     headers = list(event.headers.raw_items())
@@ -231,9 +231,9 @@ async def read_request(
                 raise HttpReject(policy.CATEGORY_HTTP_CONNECTION_LOST) from exc
     chunks: list[bytes] = []
     received = 0
-    body_budget = _Budget(body_timeout_s, policy.CATEGORY_HTTP_BODY_TIMEOUT)
+    body_clock = _ReadClock(body_timeout_s, policy.CATEGORY_HTTP_BODY_TIMEOUT)
     while True:
-        part = await _next_event(conn, stream, body_budget, hold, policy.CATEGORY_HTTP_TRUNCATED)
+        part = await _next_event(conn, stream, body_clock, hold, policy.CATEGORY_HTTP_TRUNCATED)
         if isinstance(part, h11.Data):
             received += len(part.data)
             if received > max_body:  # pragma: no cover - Content-Length is checked

@@ -33,7 +33,7 @@ from bounded_query.broker.protocol import RESULT_STATUS_BIT_COST, TIMING_BUCKET_
 __all__ = [
     "MIN_CHARGE_BITS",
     "TRANSITIONS",
-    "Admission",
+    "InvocationEntry",
     "InvocationState",
     "JournalInconsistent",
     "Ledger",
@@ -118,7 +118,7 @@ class _Entry:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class InvocationEntry:
     """One counted invocation as the ledger knows it (for reports)."""
 
     invocation_id: str
@@ -159,10 +159,11 @@ class Ledger:
         """A copy of the spent-bits map (lowercased repo -> bits)."""
         return dict(self._spent)
 
-    def admissions(self) -> tuple[Admission, ...]:
+    def admissions(self) -> tuple[InvocationEntry, ...]:
         """Every counted invocation in admission (journal) order."""
         return tuple(
-            Admission(i, e.state, e.repo, e.charge, e.rejection) for i, e in self._entries.items()
+            InvocationEntry(i, e.state, e.repo, e.charge, e.rejection)
+            for i, e in self._entries.items()
         )
 
     def in_flight(self) -> list[str]:

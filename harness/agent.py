@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
+from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE
 from bounded_query.sandbox import engine
 from bounded_query.sandbox.reconcile import remove_container, remove_labelled
@@ -218,15 +219,9 @@ def _window_size(fd: int) -> tuple[int, int] | None:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:
-            continue
-        except OSError:  # the harness's own stdout/stderr is gone: drop output
-            return
-        view = view[written:]
+    # The harness's own stdout/stderr is gone: drop the output.
+    with contextlib.suppress(OSError):
+        write_all(fd, data, retry_blocking=True)
 
 
 class ContainerAgent:

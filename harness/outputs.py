@@ -33,7 +33,7 @@ from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IM
 from .config import BoundedQueriesConfig
 from .paths import RunPaths
 from .skill import render_skill
-from .staging import StagedSeed, remove_tree
+from .staging import StagedSeed, remove_read_only_tree
 
 __all__ = [
     "broker_config_doc",
@@ -164,4 +164,4 @@ def write_agent_side(paths: RunPaths, config: BoundedQueriesConfig) -> None:
 def remove_roots(paths: RunPaths) -> None:
     """Delete both roots (teardown)."""
     for root in (paths.ingress_root, paths.private_root):
-        remove_tree(root)
+        remove_read_only_tree(root)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
@@ -124,9 +125,7 @@ def prepare_workspace(invocation: Invocation, *, overlay: bool = False) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(invocation.workspace / SCRIPT_FILE_NAME, flags, 0o444)
     try:
-        view = memoryview(invocation.script)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, invocation.script)
     finally:
         os.close(fd)
     fd = os.open(invocation.workspace / RESULT_FILE_NAME, flags, 0o600)
@@ -188,9 +187,7 @@ def release_storage(invocation: Invocation) -> bool:
         except OSError:
             return False
         try:
-            view = memoryview(answer)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, answer)
         finally:
             os.close(fd)
     return True

@@ -1,6 +1,6 @@
 """Bounded audit growth and the audit codec (broker/audit.py).
 
-The pure policy (:func:`admit`, :class:`RefusalTally`) exhaustively, then the
+The pure policy (:func:`decide_write`, :class:`RefusalTally`) exhaustively, then the
 capped file itself, then a service whose audit log cannot be written at all
 (``/dev/full``): the answers and the journal must not change.
 """
@@ -14,13 +14,13 @@ import pytest
 from bounded_query.broker.audit import (
     MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
-    Admission,
     AuditLog,
     AuditRecord,
     RefusalSummary,
     RefusalTally,
     Truncation,
-    admit,
+    WriteDecision,
+    decide_write,
     format_record,
     format_summary,
     parse_line,
@@ -33,25 +33,25 @@ from hypothesis import strategies as st
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service
 
-# -- admit: every branch ----------------------------------------------------
+# -- decide_write: every branch ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("written", "length", "truncated", "free", "expected"),
     [
-        (0, 100, False, None, Admission.WRITE),
-        (0, 100, False, 10**9, Admission.WRITE),
-        (700, 100, False, None, Admission.WRITE),  # exactly cap - reserve
-        (701, 100, False, None, Admission.MARKER),
-        (999, 100, False, None, Admission.MARKER),
-        (0, 100, True, None, Admission.DROP),  # after the marker, nothing
-        (0, 100, False, 1099, Admission.DROP),  # would leave less than the floor
-        (0, 100, False, 1100, Admission.WRITE),  # leaves exactly the floor
-        (900, 100, False, 50, Admission.DROP),  # short of space beats the marker
+        (0, 100, False, None, WriteDecision.WRITE),
+        (0, 100, False, 10**9, WriteDecision.WRITE),
+        (700, 100, False, None, WriteDecision.WRITE),  # exactly cap - reserve
+        (701, 100, False, None, WriteDecision.MARKER),
+        (999, 100, False, None, WriteDecision.MARKER),
+        (0, 100, True, None, WriteDecision.DROP),  # after the marker, nothing
+        (0, 100, False, 1099, WriteDecision.DROP),  # would leave less than the floor
+        (0, 100, False, 1100, WriteDecision.WRITE),  # leaves exactly the floor
+        (900, 100, False, 50, WriteDecision.DROP),  # short of space beats the marker
     ],
 )
-def test_admit(written, length, truncated, free, expected):
-    got = admit(
+def test_decide_write(written, length, truncated, free, expected):
+    got = decide_write(
         written, length, truncated=truncated, free_bytes=free, cap=1000, reserve=200, floor=1000
     )
     assert got is expected
