@@ -41,10 +41,10 @@ from bounded_query.broker.protocol import (
     check_output,
     check_request_line,
     ok_body,
-    parse_frame,
     policy,
 )
 from bounded_query.broker.runner import RunReport
+from bounded_query.broker.subsystem import BOUNDED_QUERY, Subsystem
 
 __all__ = [
     "Admit",
@@ -100,7 +100,8 @@ class Admit:
     """The request launches: ``records`` (admitted, debit, launched) authorize it."""
 
     entry: SeedEntry
-    script: str
+    #: What the runner gets (the subsystem's payload: a query's script bytes).
+    payload: bytes
     schema: Schema
     charge: int
     kind: str
@@ -135,14 +136,16 @@ def admit(
     *,
     accepting: bool = True,
     broken: bool = False,
+    subsystem: Subsystem = BOUNDED_QUERY,
 ) -> Reject | Admit:
     """Decide one request (pure; module docstring for the order of the checks).
 
     ``invocation_id`` names the records to journal; ``accepting`` is False
     while the broker stops (a counted ``broker-stopping`` rejection);
     ``broken`` is True after a journal failure (nothing can be counted any
-    more). Never raises for anything a client sends: every client fault is
-    a :class:`Reject` whose ``detail`` names the location, never script or
+    more); ``subsystem`` parses the frame and makes the payload. Never
+    raises for anything a client sends: every client fault is a
+    :class:`Reject` whose ``detail`` names the location, never script or
     output bytes.
     """
     if broken:
@@ -155,7 +158,7 @@ def admit(
         if request.http_version != b"1.1":
             raise RequestError("HTTP/1.1 required")
         check_request_line(request.method, request.target)
-        parsed = parse_frame(list(request.headers), request.body)
+        parsed = subsystem.parse_frame(request.headers, request.body)
     except RequestError as exc:
         return _counted(invocation_id, policy.CATEGORY_INVALID_REQUEST, detail=str(exc))
     kind = schema_kind(parsed.schema)
@@ -170,7 +173,7 @@ def admit(
         Debit(invocation_id, entry.repo, bits),
         Launched(invocation_id),
     )
-    return Admit(entry, parsed.script, parsed.schema, bits, kind, records)
+    return Admit(entry, subsystem.payload(parsed), parsed.schema, bits, kind, records)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog, AuditRecord
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.http import HttpReject, read_request, send_response
-from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES, policy
+from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation, Runner
 from bounded_query.broker.service import Service, report_bug
@@ -207,8 +207,8 @@ class GatedListener(trio.abc.Listener[trio.SocketStream]):
     async def accept(self) -> trio.SocketStream:
         """The next connection accepted while the gate is open."""
         while True:
-            await self._service.hold_refusal()
-            with self._service.cancelled_when_gate_closes():
+            await self._service.gate.hold()
+            with self._service.gate.cancelled_when_closed():
                 return await self._inner.accept()
             # A request entered the lane first; nothing was accepted.
 
@@ -393,7 +393,7 @@ class BrokerServer:
     async def _refuse(self, stream: trio.SocketStream) -> None:
         assert self.service is not None
         try:
-            await self.service.hold_refusal()
+            await self.service.gate.hold()
             with trio.move_on_after(REFUSE_TIMEOUT_S):
                 await send_response(stream, CANONICAL_ERROR_BODY)
         finally:
@@ -407,8 +407,8 @@ class BrokerServer:
             try:
                 request = await read_request(
                     stream,
-                    max_body=MAX_SCRIPT_BYTES,
-                    hold=service.hold_refusal,
+                    max_body=service.subsystem.max_body_bytes,
+                    hold=service.gate.hold,
                     **self._timeouts,
                 )
             except HttpReject as exc:
@@ -416,7 +416,7 @@ class BrokerServer:
                 # answered -- at once when the lane is idle -- so its timing
                 # depends only on the client's bytes and on answers the agent
                 # already sees; then counted against maxInvocations (service.py).
-                await service.hold_refusal()
+                await service.gate.hold()
                 await send_response(stream, CANONICAL_ERROR_BODY)
                 await service.count_refusal(exc.reason)
                 return
