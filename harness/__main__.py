@@ -30,11 +30,10 @@ from pathlib import Path
 
 import trio
 from bounded_query.broker.protocol import policy
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
 from .agent_spec import (
     AGENT_NETWORK_DEFAULT,
-    DEFAULT_AGENT_IMAGE,
     DEFAULT_AGENT_UID,
     AgentUser,
     parse_agent_user,

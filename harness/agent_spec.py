@@ -28,12 +28,11 @@ from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 
 from .paths import PRIVATE_PREFIX
-from .preflight import TOKEN_VARIABLES
+from .tokens import TOKEN_VARIABLES
 
 __all__ = [
     "AGENT_NETWORK_DEFAULT",
     "CONTAINER_PATH",
-    "DEFAULT_AGENT_IMAGE",
     "DEFAULT_AGENT_UID",
     "ROLE_AGENT",
     "AgentContainer",
@@ -45,7 +44,6 @@ __all__ = [
 ]
 
 #: The built-in agent image (``sandbox/agent_image/build.sh``).
-DEFAULT_AGENT_IMAGE = "bounded-query-agent:latest"
 #: The agent's uid/gid when the workspace belongs to root: an unprivileged id
 #: no Debian package allocates (system ids end at 999, regular users start
 #: at 1000 and rarely reach it) and not the query sandbox's 65534.

@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
-
-from .agent_spec import DEFAULT_AGENT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
 __all__ = ["RECIPES", "ImageRecipe", "build_images", "missing_hint", "recipe_script"]
 

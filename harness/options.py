@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
-from .agent_spec import AGENT_NETWORK_DEFAULT, DEFAULT_AGENT_IMAGE, AgentUser
+from .agent_spec import AGENT_NETWORK_DEFAULT, AgentUser
 from .paths import DEFAULT_BASE, RunPaths
 
 __all__ = [

@@ -46,7 +46,7 @@ from .events import EventSink
 from .options import EXIT_HARNESS, READY_POLL_S, BrokerHandle, BrokerStarter, RunOptions
 from .paths import RunPaths
 from .plan import agent_mode_problems, choose_agent_user, final_status, plan_run
-from .preflight import TOKEN_VARIABLES, docker_host_from_env
+from .preflight import docker_host_from_env
 from .prepare import execute_plan, new_run_id
 from .progress import AuditFollower, follow_audit
 from .quota import mount_work_quota
@@ -62,7 +62,7 @@ from .supervise import (
     workspace_owner,
 )
 from .teardown import RunState, summarize, teardown
-from .tokens import scrub_process_environment
+from .tokens import TOKEN_VARIABLES, scrub_process_environment
 
 __all__ = ["run", "wait_ready"]
 

@@ -37,8 +37,10 @@ from bounded_query.sandbox import engine
 
 from .channel_policy import channel_decision
 from .config import BoundedQueriesConfig, Problem
+from .images import missing_hint
 from .paths import RunPaths, overlap_problems
 from .staging import StagingError, server_url
+from .tokens import TOKEN_VARIABLES
 
 __all__ = [
     "PreflightError",
@@ -48,9 +50,6 @@ __all__ = [
     "staging_token",
     "static_problems",
 ]
-
-#: Environment variables that may hold the staging credential, in order.
-TOKEN_VARIABLES = ("GH_TOKEN", "GITHUB_TOKEN")
 
 
 class PreflightError(Exception):
@@ -254,7 +253,6 @@ def _docker_client(docker_host: str) -> Any:
 
 
 def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem]:
-    from .images import missing_hint  # images -> agent_spec -> preflight
 
     unreachable = _docker_host_problems({"DOCKER_HOST": docker_host})
     if unreachable:

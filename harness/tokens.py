@@ -20,7 +20,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["environ_block_bounds", "scrub_process_environment"]
+__all__ = ["TOKEN_VARIABLES", "environ_block_bounds", "scrub_process_environment"]
+
+#: Environment variables that may hold the staging credential, in order.
+TOKEN_VARIABLES = ("GH_TOKEN", "GITHUB_TOKEN")
 
 #: Fields of ``/proc/<pid>/stat`` (1-based) holding the environment block bounds.
 _ENV_START_FIELD = 50

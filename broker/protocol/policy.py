@@ -59,6 +59,7 @@ __all__ = [
     "CATEGORY_RUNNER_INTERNAL",
     "CATEGORY_WORKSPACE_FAILED",
     "DEFAULTS",
+    "DEFAULT_AGENT_IMAGE",
     "DEFAULT_DOCKER_HOST",
     "DEFAULT_DOCKER_SOCKET",
     "DEFAULT_ENABLED",
@@ -193,6 +194,8 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 #: The query image (built from Debian packages, never pulled).
 DEFAULT_IMAGE = "bounded-query-python:latest"
+#: The agent container's default image (built the same way).
+DEFAULT_AGENT_IMAGE = "bounded-query-agent:latest"
 #: The only Docker host scheme the harness talks to itself (sweeps,
 #: reconcile) and the preflight accepts.
 DOCKER_UNIX_SCHEME = "unix://"
