@@ -87,6 +87,7 @@ __all__ = [
     "decode_message",
     "reap",
     "reaper_environment",
+    "reconcile_run",
     "serve",
     "start_reaper",
 ]
@@ -241,7 +242,7 @@ class Reaped:
 EngineReconcile = Callable[[str, str], tuple[int, int]]
 
 
-def _engine_reconcile(docker_host: str, run_id: str) -> tuple[int, int]:
+def reconcile_run(docker_host: str, run_id: str) -> tuple[int, int]:
     """The compose broker service of the run, then its containers and volumes (blocking)."""
     import docker
     from bounded_query.broker.protocol.policy import LABEL_RUN
@@ -292,7 +293,7 @@ def reap(
     arm: Arm,
     watched: Mapping[str, int],
     *,
-    engine: EngineReconcile = _engine_reconcile,
+    engine: EngineReconcile = reconcile_run,
     uid: int | None = None,
     settle_s: float = SETTLE_S,
 ) -> Reaped:
