@@ -145,12 +145,13 @@ def _config(tmp: Path) -> Path:
     return config
 
 
-def _agent_container(client: Any, harness_pid: int) -> Any | None:
-    for container in client.containers.list(filters={"label": f"{LABEL_ROLE}={ROLE_AGENT}"}):
+def _agent_run_id(client: Any, harness_pid: int) -> str | None:
+    """The run id of the harness's running agent container, once there is one."""
+    for entry in client.api.containers(filters={"label": f"{LABEL_ROLE}={ROLE_AGENT}"}):
+        labels = entry.get("Labels") or {}
         with contextlib.suppress(ValueError, KeyError):
-            owner = json.loads(container.labels[LABEL_OWNER])
-            if owner.get("pid") == harness_pid:
-                return container
+            if json.loads(labels[LABEL_OWNER]).get("pid") == harness_pid:
+                return str(labels[LABEL_RUN])
     return None
 
 
@@ -159,16 +160,15 @@ def _wait_for_moment(client: Any, harness: subprocess.Popen[bytes], stderr: Path
     while time.monotonic() < deadline:
         if harness.poll() is not None:
             raise AssertionError(f"the harness exited early: {stderr.read_text()[-3000:]}")
-        agent = _agent_container(client, harness.pid)
-        if agent is not None:
-            run_id = agent.labels[LABEL_RUN]
+        run_id = _agent_run_id(client, harness.pid)
+        if run_id is not None:
             if mode == "agent":
-                return str(run_id)
-            queries = client.containers.list(
+                return run_id
+            queries = client.api.containers(
                 filters={"label": [f"{LABEL_RUN}={run_id}", LABEL_INVOCATION], "status": "running"}
             )
             if queries:
-                return str(run_id)
+                return run_id
         time.sleep(0.1)
     raise AssertionError(f"the run never reached the {mode} phase: {stderr.read_text()[-3000:]}")
 
@@ -234,15 +234,15 @@ def _cleanup(client: Any, harness: subprocess.Popen[bytes], run: Running | None)
     for pid in [run.reaper_pid, *run.broker_pids]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    api = client.api
     for label in (HARNESS_LABEL, LABEL_RUN):
-        for container in client.containers.list(
-            all=True, filters={"label": f"{label}={run.run_id}"}
-        ):
+        for entry in api.containers(all=True, filters={"label": f"{label}={run.run_id}"}):
             with contextlib.suppress(Exception):
-                container.remove(force=True, v=True)
-    for volume in client.volumes.list(filters={"label": f"{LABEL_RUN}={run.run_id}"}):
+                api.remove_container(entry["Id"], force=True, v=True)
+    volumes = api.volumes(filters={"label": f"{LABEL_RUN}={run.run_id}"}) or {}
+    for volume in volumes.get("Volumes") or ():
         with contextlib.suppress(Exception):
-            volume.remove(force=True)
+            api.remove_volume(volume["Name"], force=True)
     from bounded_query.harness.quota import unmount
 
     for point in sorted(mounts_under(run.base), reverse=True):
