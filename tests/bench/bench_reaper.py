@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 import docker
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.harness.reaper_engine import harness_run, kill_and_measure
 

@@ -119,13 +119,12 @@ def _brokers(base: Path) -> list[int]:
 def leftovers(client: Any, run: Running) -> list[str]:
     """Every resource of the run that still exists (empty: all gone)."""
     left = []
+    api = client.api  # plain listings: the high-level list inspects each, racing the removal
     for label in (LABEL_RUN, HARNESS_LABEL):
-        for container in client.containers.list(
-            all=True, filters={"label": f"{label}={run.run_id}"}
-        ):
-            left.append(f"container {container.name}")
-    for volume in client.volumes.list(filters={"label": f"{LABEL_RUN}={run.run_id}"}):
-        left.append(f"volume {volume.name}")
+        for entry in api.containers(all=True, filters={"label": f"{label}={run.run_id}"}):
+            left.append(f"container {entry['Names'][0]}")
+    volumes = api.volumes(filters={"label": f"{LABEL_RUN}={run.run_id}"}) or {}
+    left += [f"volume {v['Name']}" for v in volumes.get("Volumes") or ()]
     left += [f"root {p.name}" for p in run.base.iterdir()]
     left += [f"mount {p}" for p in mounts_under(run.base)]
     left += [f"broker {p}" for p in run.broker_pids if _live(p)]
