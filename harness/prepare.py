@@ -80,7 +80,8 @@ async def _start_reaper(
 
     paths = plan.paths
     try:
-        arm = Arm(plan.run_id, plan.docker_host, str(paths.private_root), str(paths.ingress_root))
+        roots = (str(paths.private_root), str(paths.ingress_root))
+        arm = Arm(plan.run_id, plan.docker_host, *roots, session=os.getsid(0))
         state.reaper = await trio.to_thread.run_sync(start_reaper, arm, env)
     except (OSError, ValueError) as exc:
         sink.degrade("reaper", f"the reaper did not start ({exc})")

@@ -18,7 +18,7 @@ moment the harness is gone.
 * **What it knows.** Nothing on its command line or in its environment
   (``python3 -I -m bounded_query.harness.reaper <fd>``, ``PATH`` and the
   locale only): the harness sends an :class:`Arm` message (run id, Docker
-  host, both roots) and, as it starts them, a pidfd for each process that
+  host, both roots, its session id) and, as it starts them, a pidfd for each process that
   must die with it (the broker child, a host agent) through
   ``SCM_RIGHTS``: a pidfd names one process for good, never a reused pid.
   Messages are buffered by the kernel, so what was sent before a SIGKILL
@@ -39,11 +39,14 @@ moment the harness is gone.
   could start a query after the listing); then the run's containers -- the
   compose broker service (``run --compose``), the agent container, the
   queries -- and its volumes, by this run's labels only
-  (``teardown.reconcile_containers``, the one reconcile); then, only if the
-  owner record still names this run, the unmounts and both roots
-  (``sweep.remove_run_roots``, the sweep's removal). A last engine pass a
-  moment later catches a container whose creation the killed broker had
-  already sent. One ``reaper_reaped`` event reports it.
+  (:func:`reconcile_run`: ``sandbox/reconcile.py``, the one reconcile);
+  then every other process still working inside the roots (a ``git clone``
+  of an interrupted staging: git re-creates missing parent directories, so
+  it must not outlive the roots); then, only if the owner record still
+  names this run, the unmounts and both roots (``sweep.remove_run_roots``,
+  the sweep's removal). A last pass a moment later catches a container
+  whose creation the killed broker had already sent, and a root something
+  re-created. One ``reaper_reaped`` event reports it.
 
 The broker child also has a parent-death signal (SIGTERM, ``child.py``):
 it starts its graceful stop at once, and the reaper's SIGKILL ends it
@@ -133,10 +136,14 @@ class Arm:
     docker_host: str
     private_root: str
     ingress_root: str
+    #: The harness's session id: its other children (staging's clones) share it.
+    session: int
 
     def __post_init__(self) -> None:
         if not _RUN_ID_RE.fullmatch(self.run_id):
             raise ReaperMessageError("the run id is not a run id")
+        if type(self.session) is not int or self.session < 1:
+            raise ReaperMessageError("the session is not a session id")
         private, ingress = Path(self.private_root), Path(self.ingress_root)
         if not (private.is_absolute() and ingress.is_absolute()):
             raise ReaperMessageError("the roots must be absolute paths")
@@ -163,6 +170,7 @@ class Arm:
                 "dockerHost": self.docker_host,
                 "privateRoot": self.private_root,
                 "ingressRoot": self.ingress_root,
+                "session": self.session,
             }
         }
         return json.dumps(doc, sort_keys=True).encode()
@@ -213,9 +221,10 @@ def decode_message(data: bytes) -> Arm | Watch | Done:
     arm = doc.get("arm")
     if isinstance(arm, dict):
         keys = ("runId", "dockerHost", "privateRoot", "ingressRoot")
-        if set(arm) != set(keys) or not all(isinstance(arm[k], str) for k in keys):
+        if set(arm) != {*keys, "session"} or not all(isinstance(arm[k], str) for k in keys):
             raise ReaperMessageError("malformed arm message")
-        return Arm(*(arm[k] for k in keys))
+        run_id, docker_host, private_root, ingress_root = (arm[k] for k in keys)
+        return Arm(run_id, docker_host, private_root, ingress_root, session=arm["session"])
     raise ReaperMessageError("unknown message")
 
 
@@ -227,6 +236,9 @@ class Reaped:
     """What one :func:`reap` did (the ``reaper_reaped`` event)."""
 
     killed: tuple[str, ...] = ()
+    #: Other processes found working inside the roots (a clone of an
+    #: interrupted staging, say), killed before the roots went.
+    strays: int = 0
     containers: int = 0
     volumes: int = 0
     #: "reconciled", "not-attempted" (no local engine) or "failed: <kind>".
@@ -296,10 +308,12 @@ def reap(
     engine: EngineReconcile = reconcile_run,
     uid: int | None = None,
     settle_s: float = SETTLE_S,
+    session: int | None = None,
 ) -> Reaped:
     """Undo the run ``arm`` names, its harness being gone (blocking; never raises).
 
-    ``watched`` maps a role to a pidfd (:data:`ROLES`). The roots are removed
+    ``watched`` maps a role to a pidfd (:data:`ROLES`); ``session`` is the
+    harness's session (its other children die too). The roots are removed
     only while their owner record names this run (a run's roots are never
     another's: the record is written before the reaper is armed).
     """
@@ -328,15 +342,23 @@ def reap(
         volumes += more_volumes
 
     engine_pass()
+    strays = _kill_inside(arm.paths, session)
     roots = _remove_roots(arm, os.getuid() if uid is None else uid)
     if roots == "removed":
         last = time.monotonic()
     if local and ("broker" in watched or outcome != "reconciled" or containers):
         time.sleep(max(0.0, settle_s - (time.monotonic() - started)))
         engine_pass()
+    if roots == "removed" and _kill_inside(arm.paths, session) + _exists(arm.paths):
+        # Something re-created a root after all: its record is gone with it, and
+        # the name is this run's alone.
+        remove_run_roots(arm.paths)
+        if _exists(arm.paths):
+            roots = "a root came back and could not be deleted"
     now = time.monotonic()
     return Reaped(
         killed=killed,
+        strays=strays,
         containers=containers,
         volumes=volumes,
         engine=outcome,
@@ -344,6 +366,77 @@ def reap(
         seconds=round(now - started, 3),
         last_removal_s=round(last - started, 3),
     )
+
+
+#: Rounds of :func:`_kill_inside` (a killed process's children may still be starting).
+STRAY_ROUNDS = 3
+
+
+def _session_of(pid: str) -> int | None:
+    try:
+        return os.getsid(int(pid))
+    except OSError:
+        return None
+
+
+def _inside(pid: str, roots: tuple[str, ...]) -> bool:
+    """Whether process ``pid``'s directory or an open file is inside one of ``roots``."""
+    base = f"/proc/{pid}"
+    links = [f"{base}/cwd", f"{base}/root"]
+    with contextlib.suppress(OSError):
+        links += [f"{base}/fd/{fd}" for fd in os.listdir(f"{base}/fd")]
+    for link in links:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        if any(target == root or target.startswith(root + "/") for root in roots):
+            return True
+    return False
+
+
+def _kill_inside(paths: RunPaths, session: int | None) -> int:
+    """SIGKILL every process of the harness's ``session`` working inside the
+    run's roots; how many (blocking). None: no session known, nothing killed.
+
+    A git clone the harness started keeps writing after the harness died, and
+    git re-creates missing leading directories: deleting the roots under it
+    could leave a partial copy without an owner record, which no sweep would
+    ever remove. Each candidate is pinned with a pidfd *before* its links are
+    read, so a reused pid is never signalled: if the process exited meanwhile,
+    the signal goes to the dead process and fails. Only the harness's session
+    counts (its staging children share it; an operator's shell in another
+    terminal that happens to sit in the root is not the run's).
+    """
+    if session is None:
+        return 0
+    roots = (str(paths.private_root), str(paths.ingress_root))
+    me = str(os.getpid())
+    total = 0
+    for _round in range(STRAY_ROUNDS):
+        pinned: list[int] = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or pid == me:
+                continue
+            try:
+                pidfd = os.pidfd_open(int(pid))
+            except OSError:
+                continue
+            if _session_of(pid) == session and _inside(pid, roots) and _kill(pidfd):
+                pinned.append(pidfd)
+            else:
+                os.close(pidfd)
+        if not pinned:
+            break
+        total += len(pinned)
+        _wait_gone(pinned, KILL_WAIT_S)
+        for pidfd in pinned:
+            os.close(pidfd)
+    return total
+
+
+def _exists(paths: RunPaths) -> int:
+    return int(os.path.lexists(paths.private_root) or os.path.lexists(paths.ingress_root))
 
 
 def _remove_roots(arm: Arm, uid: int) -> str:
@@ -356,9 +449,7 @@ def _remove_roots(arm: Arm, uid: int) -> str:
     if record is None or record.mode != MODE_RUN or record.run_id != arm.run_id:
         return "not-this-run"
     problem = remove_run_roots(paths)
-    if problem is None and (
-        os.path.lexists(paths.private_root) or os.path.lexists(paths.ingress_root)
-    ):
+    if problem is None and _exists(paths):
         problem = "a root could not be deleted completely"
     return problem or "removed"
 
@@ -406,10 +497,11 @@ def serve(sock: socket.socket, sink: EventSink) -> int:
             state.watched[message.role] = fds[0]
     if state.arm is None:
         return 0
-    reaped = reap(state.arm, state.watched)
+    reaped = reap(state.arm, state.watched, session=state.arm.session)
     sink.emit(
         "reaper_reaped",
         killed=list(reaped.killed),
+        strays=reaped.strays,
         containers=reaped.containers,
         volumes=reaped.volumes,
         engine=reaped.engine,

@@ -78,7 +78,7 @@ def run_roots(base: Path, run_id: str, owner_run: str | None = None):
 
 
 def arm_for(paths, run_id: str, docker_host: str = "unix:///nonexistent/docker.sock") -> Arm:
-    return Arm(run_id, docker_host, str(paths.private_root), str(paths.ingress_root))
+    return Arm(run_id, docker_host, str(paths.private_root), str(paths.ingress_root), os.getsid(0))
 
 
 # -- messages ---------------------------------------------------------------
@@ -86,11 +86,10 @@ def arm_for(paths, run_id: str, docker_host: str = "unix:///nonexistent/docker.s
 
 def test_messages_round_trip():
     with pytest.raises(ReaperMessageError):
-        Arm("ab" * 16, "unix:///var/run/docker.sock", "/b/x/y", "/b/x/z")  # not run roots
+        Arm("ab" * 16, "unix:///var/run/docker.sock", "/b/x/y", "/b/x/z", 9)  # not run roots
     paths = run_paths(0, Path("/w"), "ab" * 16, Path("/var/tmp"))
-    arm = Arm(
-        "ab" * 16, "unix:///var/run/docker.sock", str(paths.private_root), str(paths.ingress_root)
-    )
+    roots = (str(paths.private_root), str(paths.ingress_root))
+    arm = Arm("ab" * 16, "unix:///var/run/docker.sock", *roots, session=4321)
     assert decode_message(arm.encode()) == arm
     assert arm.paths == paths
     for role in ("broker", "agent"):
@@ -109,6 +108,9 @@ def test_messages_round_trip():
         {"ingressRoot": "/var/tmp/awf-bounded-query-ingress-1-0123456789abcdef"},
         {"ingressRoot": "/var/tmp/anything"},
         {"dockerHost": 7},
+        {"session": 0},
+        {"session": "1"},
+        {"session": True},
         {"extra": "x"},
     ],
 )
@@ -118,6 +120,7 @@ def test_a_bad_arm_message_is_refused(change):
         "dockerHost": "unix:///var/run/docker.sock",
         "privateRoot": "/var/tmp/awf-bounded-query-private-0-0123456789abcdef",
         "ingressRoot": "/var/tmp/awf-bounded-query-ingress-0-0123456789abcdef",
+        "session": 77,
     }
     assert isinstance(decode_message(json.dumps({"arm": doc}).encode()), Arm)
     with pytest.raises(ReaperMessageError):
@@ -143,8 +146,10 @@ def test_nothing_but_our_own_error(data):
 
 
 @contextlib.contextmanager
-def sleeper() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    child = subprocess.Popen(["sleep", "300"])
+def sleeper(
+    cwd: Path | None = None, *, session: bool = False
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    child = subprocess.Popen(["sleep", "300"], cwd=cwd, start_new_session=session)
     fd = os.pidfd_open(child.pid)
     try:
         yield child, fd
@@ -164,12 +169,22 @@ def test_reap_kills_reconciles_its_own_run_twice_and_removes_its_roots():
 
     with reaper_base() as base, sleeper() as (broker, broker_fd), sleeper() as (agent, agent_fd):
         mine, theirs = run_roots(base, run_id), run_roots(base, other)
-        reaped = reap(
-            arm_for(mine, run_id, "unix:///x.sock"),
-            {"broker": broker_fd, "agent": agent_fd},
-            engine=engine,
-            settle_s=0.0,
-        )
+        # A clone still writing inside the run's seeds; one inside another
+        # run's; one inside this run's but in another session (not the run's).
+        with contextlib.ExitStack() as stack:
+            stray, _ = stack.enter_context(sleeper(mine.seeds_dir))
+            bystander, _ = stack.enter_context(sleeper(theirs.seeds_dir))
+            foreign, _ = stack.enter_context(sleeper(mine.seeds_dir, session=True))
+            reaped = reap(
+                arm_for(mine, run_id, "unix:///x.sock"),
+                {"broker": broker_fd, "agent": agent_fd},
+                engine=engine,
+                settle_s=0.0,
+                session=os.getsid(0),
+            )
+            assert stray.wait(timeout=5) == -signal.SIGKILL
+            assert bystander.poll() is None
+            assert foreign.poll() is None
         assert broker.wait(timeout=5) == -signal.SIGKILL
         assert agent.wait(timeout=5) == -signal.SIGKILL
         assert not mine.private_root.exists()
@@ -178,6 +193,7 @@ def test_reap_kills_reconciles_its_own_run_twice_and_removes_its_roots():
         assert theirs.ingress_root.exists()
     assert calls == [("unix:///x.sock", run_id)] * 2  # the settle pass: a broker was watched
     assert reaped.killed == ("broker", "agent")
+    assert reaped.strays == 1
     assert (reaped.containers, reaped.volumes, reaped.engine, reaped.roots) == (
         3,
         2,
