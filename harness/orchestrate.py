@@ -23,8 +23,11 @@ from the run's environment as soon as staging is over: only the clone
 children ever hold it.
 
 Teardown runs on every path (normal exit, failure, SIGINT/SIGTERM/SIGHUP),
-shielded from cancellation. The broker child also carries a parent-death
-signal (SIGTERM), so it does not outlive a harness killed with SIGKILL.
+shielded from cancellation. On the one path it cannot run, a SIGKILL, the
+detached reaper (``reaper.py``, armed by ``prepare.py`` once the roots
+exist; the broker child and a host agent are watched by pidfd as they
+start) removes the run within seconds; the broker child also carries a
+parent-death signal (SIGTERM).
 Exit status: see ``options.py``. A signal while the agent runs is forwarded
 to it; an agent that has not exited ``stop_grace`` seconds later (or at a
 second signal) is terminated, then killed (``supervise.py``).
@@ -58,6 +61,7 @@ from .supervise import (
     host_launcher,
     run_confined_agent,
     start_agent,
+    watch_child,
     watch_signals,
     workspace_owner,
 )
@@ -185,6 +189,7 @@ async def run(
             nursery.start_soon(watch_signals, sup, sink)
             with sup.cancel:
                 if await execute_plan(plan, options, config, env, state, sink):
+                    sup.reaper = state.reaper
                     for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
                         env.pop(name, None)
                     paths = plan.paths
@@ -194,6 +199,7 @@ async def run(
                     )
                     starter = start_broker or start_child_broker
                     state.broker = broker = await starter(options, paths, env)
+                    watch_child(state.reaper, "broker", getattr(broker, "pid", None), sink)
                     sink.emit("broker_started")
                     if await wait_ready(paths, broker, options.ready_timeout, sink):
                         phase = "agent"

@@ -244,12 +244,13 @@ def live_pids_with(fragment: bytes) -> list[int]:
 @contextlib.contextmanager
 def killable_harness(
     work: Path, config: Path, source: Path, base: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid).
+) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid, reaper pid).
 
-    On exit the harness and the agent are killed if still alive, so a failing
-    test leaves no process behind (what else runs under ``base`` is the
-    caller's to check).
+    On exit the harness is killed if still alive, its reaper gets
+    :data:`REAPER_WAIT_S` to finish (then it is killed too) and the agent is
+    killed, so a failing test leaves no process behind (what else runs under
+    ``base`` is the caller's to check).
     """
     import json
     import signal
@@ -263,25 +264,49 @@ def killable_harness(
         env=env,
         cwd=HARNESS_TESTS_ROOT,
     )
-    agent_pid = None
+    agent_pid = reaper_pid = None
     try:
         assert harness.stdout is not None
         for line in harness.stdout:
             event = json.loads(line)
+            if event["event"] == "reaper_armed":
+                reaper_pid = event["pid"]
             if event["event"] == "agent_started":
                 agent_pid = event["pid"]
                 break
         assert agent_pid is not None, "the harness never started the agent"
-        yield harness, agent_pid
+        assert reaper_pid is not None, "the harness never armed its reaper"
+        yield harness, agent_pid, reaper_pid
     finally:
         if harness.poll() is None:
             harness.kill()
             harness.wait()
         if harness.stdout is not None:
             harness.stdout.close()
-        if agent_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(agent_pid, signal.SIGKILL)
+        if reaper_pid is not None:
+            wait_gone(reaper_pid, REAPER_WAIT_S)
+        for pid in (reaper_pid, agent_pid):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+#: How long a test lets a reaper finish before killing it.
+REAPER_WAIT_S = 30.0
+
+
+def wait_gone(pid: int, limit_s: float) -> bool:
+    """Wait (polling its pidfd) until process ``pid`` has exited; True when it has."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], limit_s)[0])
+    finally:
+        os.close(fd)
 
 
 # -- tmpfs mounts in tests -----------------------------------------------

@@ -232,7 +232,7 @@ def test_broker_child_dies_with_a_sigkilled_harness(tmp_path):
     config.write_text(json.dumps({"boundedQueries": section}))
     with quota_base() as base:
         try:
-            with killable_harness(tmp_path, config, source, base) as (harness, _agent):
+            with killable_harness(tmp_path, config, source, base) as (harness, _agent, _reaper):
                 broker = live_pids_with(b"tests.fakes.broker_main")
                 broker = [
                     p

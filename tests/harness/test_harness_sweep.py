@@ -9,8 +9,9 @@
 * Removal handles a read-only seed tree, the ingress root with the same
   suffix and (as root; failing instead of skipping under CI=true) a mounted
   workspace tmpfs.
-* End to end: a harness killed with SIGKILL mid-run leaves its roots and
-  its tmpfs; the next ``run`` on the same base removes them.
+* End to end: a harness killed with SIGKILL mid-run together with its
+  reaper (``reaper.py`` removes them otherwise) leaves its roots and its
+  tmpfs; the next ``run`` on the same base removes them.
 """
 
 from __future__ import annotations
@@ -410,7 +411,10 @@ def test_sweep_removes_the_dead_runs_query_containers_and_volumes(docker_client)
 
 
 def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path) -> None:
-    with killable_harness(tmp_path, config, source, base) as (harness, _agent):
+    """SIGKILL the harness *and its reaper* (the reaper first, so it never reaps):
+    what an OOM kill of the whole job or a power cut leaves for the sweep."""
+    with killable_harness(tmp_path, config, source, base) as (harness, _agent, reaper):
+        os.kill(reaper, signal.SIGKILL)
         harness.kill()
         harness.wait(timeout=10)
     deadline = time.monotonic() + 10
