@@ -105,15 +105,22 @@ if TYPE_CHECKING:  # annotations only: the file must import on Python 3.8
 
 __all__ = [
     "HANDSHAKE_VERSIONS",
+    "MAX_INT_TOKEN_CHARS",
     "MAX_IN_FLIGHT",
     "MAX_LINE_BYTES",
     "MODERN_VERSIONS",
     "RESOURCES",
+    "SCHEMA_ARGUMENT",
     "SKILL_URI",
     "TOOLS",
     "LineReader",
+    "NumberText",
+    "RepeatedKeys",
     "Session",
+    "compact_json",
+    "decode_line",
     "main",
+    "schema_argument",
 ]
 
 SERVER_NAME = "bounded-query"
