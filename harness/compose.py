@@ -426,6 +426,10 @@ class ComposeBroker:
             return None
         return int(code)
 
+    async def relay_log(self, sink: Any) -> None:
+        """Nothing to relay: the engine keeps the service's output (``docker logs``)."""
+        del sink
+
     async def stop(self) -> int | None:
         """``docker-compose down`` (stops and removes both services)."""
         code = await trio.to_thread.run_sync(self.exited)  # docker inspect

@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
 from .agent_spec import AGENT_NETWORK_DEFAULT, AgentUser
 from .paths import DEFAULT_BASE, RunPaths
+
+if TYPE_CHECKING:
+    from .events import EventSink
 
 __all__ = [
     "AGENT_STOP_GRACE_S",
@@ -99,6 +102,12 @@ class BrokerHandle(Protocol):
 
     async def stop(self) -> int | None:
         """Stop it (SIGTERM, then SIGKILL); return the exit status if known."""
+        ...
+
+    async def relay_log(self, sink: EventSink) -> None:
+        """Relay the broker's stderr lines through ``sink`` as versioned records
+        until it closes (``broker_log.py``); returns at once where something
+        else keeps the broker's output (a log file, the engine's logs)."""
         ...
 
 

@@ -7,7 +7,9 @@ left by a harness killed with SIGKILL, preflight, private root with its
 owner record, staging, seed map, broker config, skill and wrapper) -> the
 workspace quota (a size-limited tmpfs over the private root's ``work/``,
 ``quota.py``; or the run is reported degraded) -> the broker (a child
-process in its own session, ``child.py``; or the compose service) ->
+process in its own session, ``child.py``, whose stderr lines are relayed as
+``bounded-query-broker/v1`` records until teardown, ``broker_log.py``; or
+the compose service) ->
 readiness (the broker's ``control/ready`` file) -> the agent
 (``supervise.py``) -> teardown (``teardown.py``).
 
@@ -184,57 +186,64 @@ async def run(
         euid=os.geteuid(),
         socket_gid=None if user is None else user.gid,
     )
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_signals, sup, sink)
-            with sup.cancel:
-                if await execute_plan(plan, options, config, env, state, sink):
-                    sup.reaper = state.reaper
-                    for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
-                        env.pop(name, None)
-                    paths = plan.paths
-                    phase = "broker"
-                    state.work_quota = await mount_work_quota(
-                        paths.workspaces_dir, parse_memory_limit(config.memory_limit), sink
-                    )
-                    starter = start_broker or start_child_broker
-                    state.broker = broker = await starter(options, paths, env)
-                    watch_child(state.reaper, "broker", getattr(broker, "pid", None), sink)
-                    sink.emit("broker_started")
-                    if await wait_ready(paths, broker, options.ready_timeout, sink):
-                        phase = "agent"
-                        progress = options.progress
-                        if progress is None:
-                            progress = sys.stderr.isatty()
-                        if progress:
-                            state.progress = AuditFollower()
-                            nursery.start_soon(
-                                partial(
-                                    follow_audit,
-                                    paths.audit_log,
-                                    print_progress,
-                                    follower=state.progress,
-                                )
-                            )
-                        status = await run_confined_agent(
-                            options,
-                            env,
-                            sup,
-                            user,
-                            sink,
-                            paths=paths,
-                            config=config,
-                            run_id=plan.run_id,
-                            docker_host=plan.docker_host,
-                            broker_pid=getattr(broker, "pid", None),
+    # The broker's stderr relay (broker_log.py) lives until teardown has
+    # stopped the broker and relayed its last lines; it is cancelled after.
+    async with trio.open_nursery() as logs:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_signals, sup, sink)
+                with sup.cancel:
+                    if await execute_plan(plan, options, config, env, state, sink):
+                        sup.reaper = state.reaper
+                        for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
+                            env.pop(name, None)
+                        paths = plan.paths
+                        phase = "broker"
+                        state.work_quota = await mount_work_quota(
+                            paths.workspaces_dir, parse_memory_limit(config.memory_limit), sink
                         )
-                        if await trio.to_thread.run_sync(broker.exited) is not None:
-                            state.degraded_notes.append(
-                                "the broker exited while the agent ran; later queries failed"
+                        starter = start_broker or start_child_broker
+                        state.broker = broker = await starter(options, paths, env)
+                        logs.start_soon(broker.relay_log, sink)
+                        watch_child(state.reaper, "broker", getattr(broker, "pid", None), sink)
+                        sink.emit("broker_started")
+                        if await wait_ready(paths, broker, options.ready_timeout, sink):
+                            phase = "agent"
+                            progress = options.progress
+                            if progress is None:
+                                progress = sys.stderr.isatty()
+                            if progress:
+                                state.progress = AuditFollower()
+                                nursery.start_soon(
+                                    partial(
+                                        follow_audit,
+                                        paths.audit_log,
+                                        print_progress,
+                                        follower=state.progress,
+                                    )
+                                )
+                            status = await run_confined_agent(
+                                options,
+                                env,
+                                sup,
+                                user,
+                                sink,
+                                paths=paths,
+                                config=config,
+                                run_id=plan.run_id,
+                                docker_host=plan.docker_host,
+                                broker_pid=getattr(broker, "pid", None),
                             )
-            nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            status = final_status(status, sup.signal_number, sup.agent_done)
-            await teardown(state, sink, env, status=status, phase=phase, keep=options.keep_state)
+                            if await trio.to_thread.run_sync(broker.exited) is not None:
+                                state.degraded_notes.append(
+                                    "the broker exited while the agent ran; later queries failed"
+                                )
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                status = final_status(status, sup.signal_number, sup.agent_done)
+                await teardown(
+                    state, sink, env, status=status, phase=phase, keep=options.keep_state
+                )
+        logs.cancel_scope.cancel()
     return status

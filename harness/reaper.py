@@ -256,15 +256,14 @@ EngineReconcile = Callable[[str, str], tuple[int, int]]
 
 def reconcile_run(docker_host: str, run_id: str) -> tuple[int, int]:
     """The compose broker service of the run, then its containers and volumes (blocking)."""
-    import docker
     from bounded_query.broker.protocol.policy import LABEL_RUN
-    from bounded_query.sandbox.docker_runner import API_VERSION
+    from bounded_query.sandbox import engine
     from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
 
     from .compose import HARNESS_LABEL
     from .teardown import RECONCILE_TIMEOUT_S
 
-    api = docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=RECONCILE_TIMEOUT_S)
+    api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:
         # The compose service carries its own label (never the run label, so a
         # broker's reconcile cannot catch itself); it goes first, like a child broker.

@@ -222,7 +222,8 @@ options = RunOptions(
     unconfined_agent=True,
 )
 trio.run(run, options, EventSink(sys.stdout),
-         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
+         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"],
+          "DOCKER_HOST": os.environ["DOCKER_HOST"]})
 """
 
 
@@ -243,9 +244,12 @@ def live_pids_with(fragment: bytes) -> list[int]:
 
 @contextlib.contextmanager
 def killable_harness(
-    work: Path, config: Path, source: Path, base: Path
+    work: Path, config: Path, source: Path, base: Path, docker_host: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid, reaper pid).
+
+    ``docker_host`` is the run's ``DOCKER_HOST`` (a fake engine's, in the
+    tests that need no engine).
 
     On exit the harness is killed if still alive, its reaper gets
     :data:`REAPER_WAIT_S` to finish (then it is killed too) and the agent is
@@ -257,7 +261,7 @@ def killable_harness(
     import sys
 
     (work / "driver.py").write_text(KILLABLE_HARNESS)
-    env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT), "DOCKER_HOST": docker_host}
     harness = subprocess.Popen(
         [sys.executable, str(work / "driver.py"), str(config), str(source), str(base), str(work)],
         stdout=subprocess.PIPE,
@@ -354,9 +358,18 @@ FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 
 
 async def run_with_fake_broker(
-    config: Path, source: Path, workspace: Path, base: Path, agent: tuple[str, ...]
+    config: Path,
+    source: Path,
+    workspace: Path,
+    base: Path,
+    agent: tuple[str, ...],
+    *,
+    docker_host: str,
 ) -> tuple[int, list[dict[str, object]]]:
-    """One in-process ``run`` of ``octo/alpha`` (staged from ``source``); (status, events)."""
+    """One in-process ``run`` of ``octo/alpha`` (staged from ``source``); (status, events).
+
+    ``docker_host`` is the run's ``DOCKER_HOST`` (a fake engine's: these runs
+    need none)."""
     import io
     import json
 
@@ -374,6 +387,10 @@ async def run_with_fake_broker(
         **HOST_AGENT,
     )
     stream = io.StringIO()
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(HARNESS_TESTS_ROOT),
+        "DOCKER_HOST": docker_host,
+    }
     status = await run(options, EventSink(stream), env)
     return status, [json.loads(line) for line in stream.getvalue().splitlines()]

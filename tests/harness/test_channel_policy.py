@@ -98,7 +98,7 @@ def test_preflight_ignores_unmixed_runs(tmp_path):
         assert _channel_locations(static_problems(_inputs(tmp_path, "docker", classes))) == []
 
 
-async def _mixed_run(tmp_path, *, allow: bool):
+async def _mixed_run(tmp_path, docker_host: str, *, allow: bool):
     """One in-process ``run`` (fake broker) of a public and a confidential repository on runc."""
     import io
     import json
@@ -140,13 +140,17 @@ async def _mixed_run(tmp_path, *, allow: bool):
             allow_mixed_sensitivity=allow,
             **HOST_AGENT,
         )
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+        env = {
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(HARNESS_TESTS_ROOT),
+            "DOCKER_HOST": docker_host,
+        }
         status = await run(options, EventSink(stream), env)
     return status, [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
-async def test_the_harness_refuses_a_mixed_runc_run(tmp_path):
-    status, events = await _mixed_run(tmp_path, allow=False)
+async def test_the_harness_refuses_a_mixed_runc_run(tmp_path, fake_engine):
+    status, events = await _mixed_run(tmp_path, fake_engine.docker_host, allow=False)
     assert status == 2
     kinds = [e["event"] for e in events]
     assert "preflight_failed" in kinds
@@ -155,11 +159,11 @@ async def test_the_harness_refuses_a_mixed_runc_run(tmp_path):
     assert ALLOW_FLAG in json.dumps(events)
 
 
-async def test_the_flag_accepts_it_degraded(tmp_path):
+async def test_the_flag_accepts_it_degraded(tmp_path, fake_engine):
     from tests.harness.bq_harness_helpers import require_root
 
     require_root()
-    status, events = await _mixed_run(tmp_path, allow=True)
+    status, events = await _mixed_run(tmp_path, fake_engine.docker_host, allow=True)
     assert status == 0, events
     assert "broker_ready" in [e["event"] for e in events]
     degraded = [e for e in events if e["event"] == "degraded"]

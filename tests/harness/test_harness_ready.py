@@ -29,6 +29,9 @@ class Broker:
     async def stop(self) -> int | None:
         return self.status
 
+    async def relay_log(self, sink: EventSink) -> None:
+        del sink  # a fake with no output
+
 
 def paths_in(tmp_path) -> RunPaths:
     paths = RunPaths(tmp_path / "private", tmp_path / "ingress")

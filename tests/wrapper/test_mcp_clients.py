@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.mcp_config import render_mcp_config
+from bounded_query.wrapper import bounded_query_cli as cli
 
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import BOOLEAN, SKILL_TEXT, server_env, skill_file, wrapper_dir
@@ -158,6 +159,38 @@ def test_inspector_calls_both_tools_and_reads_the_skill(tmp_path, era):
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["contents"][0]["text"] == SKILL_TEXT
     assert len(broker.requests) == 1
+
+
+@pytest.mark.parametrize("era", ERAS)
+def test_inspector_sends_the_schema_as_an_object(tmp_path, era):
+    """The declared object form (issue 21 item 1) from a Node.js client: the
+    broker receives the object's compact bytes, as the CLI frames that text."""
+    schema = {"type": "enum", "values": ["\u00e9t\u00e9", "hiver"]}
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode()
+    with recorded_server(Reply([http_reply(OK)])) as broker:
+        env, home = agent_env(tmp_path, broker.path)
+        for tool, arguments in (
+            ("bounded_query", {"repo": "octo/alpha", "schema": schema, "script": "print(1)\n"}),
+            ("bounded_query_cost", {"schema": schema}),
+        ):
+            done = inspector(
+                env,
+                home,
+                era,
+                "--method",
+                "tools/call",
+                "--tool-name",
+                tool,
+                "--tool-args-json",
+                json.dumps(arguments),
+            )
+            assert done.returncode == 0, done.stderr
+            content = json.loads(done.stdout)["structuredContent"]
+            if tool == "bounded_query":
+                assert content == json.loads(OK)
+            else:
+                assert (content["valid"], content["schemaBytes"]) == (True, len(text))
+    assert broker.requests == [cli.build_request("octo/alpha", text, b"print(1)\n")]
 
 
 # ---------------------------------------------------------------------------
