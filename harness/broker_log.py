@@ -1,4 +1,4 @@
-"""The broker child's stderr as versioned records (issue 21 item 2).
+"""The broker child's stderr as versioned records.
 
 Theory of operation: the broker writes its diagnostics to stderr as single
 JSON lines (``{"event": "broker-ready", ...}``) with neither a record type

@@ -1,4 +1,4 @@
-"""The reaper: a run's resources die with its harness (spec 14.7, 14.8; issue 21).
+"""The reaper: a run's resources die with its harness (spec 14.7, 14.8).
 
 Theory of operation. A harness killed with SIGKILL runs no teardown: its
 agent container (network access, perhaps a model credential), a host agent,
