@@ -258,10 +258,13 @@ def reconcile_run(docker_host: str, run_id: str) -> tuple[int, int]:
     """The compose broker service of the run, then its containers and volumes (blocking)."""
     from bounded_query.broker.protocol.policy import LABEL_RUN
     from bounded_query.sandbox import engine
-    from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
+    from bounded_query.sandbox.reconcile import (
+        RECONCILE_TIMEOUT_S,
+        remove_labelled,
+        remove_labelled_volumes,
+    )
 
     from .compose import HARNESS_LABEL
-    from .teardown import RECONCILE_TIMEOUT_S
 
     api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING
 import trio
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.sandbox import engine
-from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
+from bounded_query.sandbox.reconcile import (
+    RECONCILE_TIMEOUT_S,
+    remove_labelled,
+    remove_labelled_volumes,
+)
 
 from .config import BoundedQueriesConfig
 from .events import EventSink, append_step_summary
@@ -42,7 +46,6 @@ if TYPE_CHECKING:  # the reaper's module is also its process's __main__: not imp
     from .reaper import Reaper
 
 __all__ = [
-    "RECONCILE_TIMEOUT_S",
     "RunState",
     "disarm_reaper",
     "reconcile_containers",
@@ -50,9 +53,6 @@ __all__ = [
     "summarize",
     "teardown",
 ]
-
-#: HTTP timeout of the Engine API calls of the harness's reconcile.
-RECONCILE_TIMEOUT_S = 60
 
 
 @dataclass
