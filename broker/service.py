@@ -63,6 +63,12 @@ stopped and cleaned up, but no one waits for that any more. Nothing is
 journaled after the halt (no invocation can run any more, so the cap has
 nothing left to limit); the halt lasts for this broker process.
 
+A lost protection halts the run the same way (issue 21 item 3): when the
+runner reports that a protection it set up at start is gone
+(:meth:`Service.watch_runner`; the page-cache pin died), the run halts at
+that moment, through the same path, so a channel the policy counted as
+closed never carries a bit to a later query.
+
 Collaborators are injected, never patched: the runner, the accounts (with
 their thread runner), the workspace operations (``WorkspaceOps``), the
 thread runner for file work, the wall clock of the audit lines and the id
@@ -125,7 +131,7 @@ from bounded_query.broker.audit import AuditLog, AuditRecord, RefusalSummary, Re
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.journal import Admitted, Outcome
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, TIMING_BUCKETS_MS
-from bounded_query.broker.runner import Invocation, Runner, RunReport
+from bounded_query.broker.runner import Degradation, Invocation, Runner, RunReport
 from bounded_query.broker.timing import (
     TOLERANCE_S,
     Landing,
@@ -138,6 +144,9 @@ from bounded_query.broker.workspace import WorkspaceOps
 
 __all__ = [
     "BOUNDARIES_S",
+    "HALTED_CATEGORIES",
+    "HALT_OVERFLOW",
+    "HALT_PROTECTION_LOST",
     "Decision",
     "Service",
     "report_bug",
@@ -147,6 +156,16 @@ __all__ = [
 BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
 
 Sender = Callable[[bytes], Awaitable[None]]
+
+#: Why a run halts (the ``broker-halted`` line's reason): a timing-bucket
+#: overflow, or a protection the runner lost mid-run (``watch_runner``).
+HALT_OVERFLOW = "timing-bucket-overflow"
+HALT_PROTECTION_LOST = "protection-lost"
+#: The audit tally category of the answers after each kind of halt.
+HALTED_CATEGORIES = {
+    HALT_OVERFLOW: "halted-after-overflow",
+    HALT_PROTECTION_LOST: "halted-after-protection-lost",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +228,10 @@ class Service:
         self._wall_clock = wall_clock
         self._lane = trio.Lock()
         self.accepting = True
-        #: Trio time of the overflow answer that halted the run, or None.
+        #: Trio time of the overflow answer (or the protection loss) that
+        #: halted the run, or None.
         self.halted_at: float | None = None
+        self._halted_category = HALTED_CATEGORIES[HALT_OVERFLOW]
         #: Opens when the current lane holder has sent its answer (refusal gate).
         self._gate: trio.Event | None = None
         #: Cancel scopes of requests waiting for the lane (woken by a halt).
@@ -399,16 +420,33 @@ class Service:
         assert self.halted_at is not None
         await sleep_until_staged(halted_answer_at(arrived, self.halted_at, self.boundaries_s[0]))
         await send(CANONICAL_ERROR_BODY)
-        await self.tally("halted-after-overflow")
+        await self.tally(self._halted_category)
 
-    def _halt(self) -> None:
-        """Stop serving after an overflow: wake every request queued for the lane."""
+    def _halt(self, reason: str = HALT_OVERFLOW, **detail: str) -> None:
+        """Stop serving: wake every request queued for the lane (module docstring)."""
         self.halted_at = trio.current_time()
+        self._halted_category = HALTED_CATEGORIES[reason]
         for scope in self._queued:
             scope.cancel()
         # The operator's precise reason (the agent only ever sees the canonical error).
-        line = {"event": "broker-halted", "reason": "timing-bucket-overflow"}
+        line = {"event": "broker-halted", "reason": reason, **detail}
         print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
+
+    async def watch_runner(self) -> Degradation:
+        """Halt the run as an overflow does when the runner loses a protection; return it.
+
+        A protection lost mid-run (the page-cache pin died) reopens a
+        cross-invocation channel the channel policy counted as closed
+        (``harness/channel_policy.py``), so no later invocation may run: the
+        request holding the lane keeps its own answer (its query started
+        with the protection in place, ``DockerRunner.run`` checks it), and
+        the queued and later ones get the canonical error. The server runs
+        this for as long as it serves.
+        """
+        lost = await self.runner.watch()
+        if self.halted_at is None:
+            self._halt(HALT_PROTECTION_LOST, subsystem=lost.subsystem, detail=lost.reason)
+        return lost
 
     async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
@@ -470,7 +508,7 @@ class Service:
         with scope:
             await sleep_until_staged(at)
             answered.append(True)
-            self._halt()
+            self._halt(HALT_OVERFLOW)
             gate = self._gate
             if gate is not None:
                 gate.set()

@@ -116,7 +116,7 @@ def test_channel_is_at_chance_or_refused_by_policy(measured, channel):
     if runtime == "docker" and channel in RUNC_RESIDUAL:
         # residual on runc: the policy refuses the run that could exploit it
         refused = channel_decision(
-            "docker", ("public", "confidential"), isolated_storage=True, allow_mixed=False
+            "docker", ("public", "confidential"), isolated_storage=True, allow_open=False
         )
         assert refused.problem is not None
         assert "inode" in refused.problem.message
