@@ -380,3 +380,58 @@ def test_the_removed_flag_names_the_new_one(capsys):
     err = capsys.readouterr().err
     assert REMOVED_FLAG in err
     assert ALLOW_FLAG in err
+
+
+@pytest.mark.parametrize(
+    ("classes", "refused"), [(("internal", "sealed"), False), (("internal", "confidential"), True)]
+)
+async def test_a_non_root_harness_says_what_it_lacks(tmp_path, classes, refused):
+    """euid != 0: no per-invocation storage; a degraded event and the summary name it, and
+    the policy reads it as an open channel (a sharing run is refused)."""
+    import io
+
+    from bounded_query.harness.channel_policy import NON_ROOT_MISSING
+    from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
+    from bounded_query.harness.events import EventSink
+    from bounded_query.harness.options import RunOptions
+    from bounded_query.harness.plan import plan_run
+    from bounded_query.harness.prepare import execute_plan
+    from bounded_query.harness.teardown import RunState, teardown
+
+    from tests.harness.bq_harness_helpers import make_repo, mount_safe_base
+
+    sources = {}
+    for slug in ("octo/alpha", "octo/beta"):
+        sources[slug] = tmp_path / slug.replace("/", "-")
+        make_repo(sources[slug], {"README.md": "hi\n"})
+    repos = (PrivateRepo("octo/alpha", classes[0]), PrivateRepo("octo/beta", classes[1]))
+    config = BoundedQueriesConfig(enabled=True, private_repos=repos, memory_limit="64m")
+    summary = tmp_path / "summary.md"
+    env = {"PATH": os.environ["PATH"], "GITHUB_STEP_SUMMARY": str(summary)}
+    stream = io.StringIO()
+    sink = EventSink(stream)
+    with mount_safe_base() as base:
+        options = RunOptions(
+            config_source="c.json",
+            agent=("true",),
+            seed_sources=sources,
+            workspace=tmp_path,
+            base=base,
+            probe_runtime=False,
+        )
+        plan = plan_run(options, config, env, run_id="cd" * 16, uid=os.getuid(), euid=1000)
+        state = RunState(config=config)
+        ok = await execute_plan(plan, options, config, env, state, sink)
+        await teardown(state, sink, env, status=0 if ok else 2, phase="agent", keep=None)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    if refused:
+        assert not ok
+        (problem,) = [e for e in events if e["event"] == "preflight_error"]
+        assert "workspace tmpfs" in problem["message"]
+        return
+    assert ok, events
+    (event,) = [e for e in events if e.get("subsystem") == NON_ROOT_MISSING.subsystem]
+    assert event["event"] == "degraded"
+    assert "not root" in event["detail"]
+    text = summary.read_text(encoding="utf-8")
+    assert NON_ROOT_MISSING.subsystem in text
