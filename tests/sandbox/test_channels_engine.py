@@ -19,9 +19,11 @@ and ``/proc`` counters at 2.5 and 2.0 bits per trial, page cache 2.2).
 
 Residual on runc: the kernel-wide pipe/socket inode counter (pseudo file
 systems number inodes from one global counter; nothing in a container can
-reset it). There the test asserts the channel policy instead: a run mixing
-public and metered repositories on runc is refused unless the operator
-accepts it degraded (harness/channel_policy.py).
+reset it). There the test asserts the channel policy instead: a run in which
+more than one repository runs queries (here public and confidential) is
+refused on runc unless the operator accepts it degraded
+(harness/channel_policy.py; the attack between two metered repositories is
+tests/sandbox/test_budget_channel_engine.py).
 """
 
 from __future__ import annotations
