@@ -9,10 +9,13 @@ Theory of operation: every complete request enters one lane (spec 14.3.1,
   the gate is closed;
 * ``ANSWERED``: the holder's answer left; it still writes its audit line;
   the gate is open;
-* ``HALTED``: an invocation overran the last bucket and the watchdog
-  answered for it; the run serves nothing any more (every later request
-  gets the canonical error at ``timing.halted_answer_at``). Terminal for
-  this broker process.
+* ``DECIDING_HALTED``: a request decides while the run has halted under it
+  (the runner lost a protection mid-query): it keeps its own answer, the
+  gate stays closed until then, nothing after it runs;
+* ``HALTED``: the run serves nothing any more (every later request gets
+  the canonical error at ``timing.halted_answer_at``): an invocation overran
+  the last bucket and the watchdog answered for it, or the runner lost a
+  protection it set up at start. Terminal for this broker process.
 
 ``TRANSITIONS`` lists every allowed (state, event) pair; any other pair is
 a bug of ours (:class:`LaneError`), never a client's doing, since the lane
@@ -35,6 +38,7 @@ class LaneState(enum.Enum):
     IDLE = "idle"
     DECIDING = "deciding"
     ANSWERED = "answered"
+    DECIDING_HALTED = "deciding-halted"
     HALTED = "halted"
 
 
@@ -49,22 +53,33 @@ class LaneEvent(enum.Enum):
     LEAVE = "leave"
     #: The watchdog answered an overrun: the run halts.
     OVERFLOW = "overflow"
+    #: The runner lost a protection (the page-cache pin died): the run halts.
+    PROTECTION_LOST = "protection-lost"
 
 
 _S, _E = LaneState, LaneEvent
 #: Every allowed (state, event) -> next state. In HALTED every event keeps
 #: the lane halted: the overrunning holder still finishes and leaves, and a
-#: request handed the lane at the moment of the halt gives it back.
+#: request handed the lane at the moment of the halt gives it back. A
+#: protection can be lost in any state; an overflow only while deciding
+#: (the watchdog runs only then).
 TRANSITIONS: Mapping[tuple[LaneState, LaneEvent], LaneState] = MappingProxyType(
     {
         (_S.IDLE, _E.ENTER): _S.DECIDING,
+        (_S.IDLE, _E.PROTECTION_LOST): _S.HALTED,
         (_S.DECIDING, _E.ANSWER): _S.ANSWERED,
         (_S.DECIDING, _E.OVERFLOW): _S.HALTED,
+        (_S.DECIDING, _E.PROTECTION_LOST): _S.DECIDING_HALTED,
         (_S.ANSWERED, _E.LEAVE): _S.IDLE,
+        (_S.ANSWERED, _E.PROTECTION_LOST): _S.HALTED,
+        (_S.DECIDING_HALTED, _E.ANSWER): _S.HALTED,
+        (_S.DECIDING_HALTED, _E.OVERFLOW): _S.HALTED,
+        (_S.DECIDING_HALTED, _E.PROTECTION_LOST): _S.DECIDING_HALTED,
         (_S.HALTED, _E.ENTER): _S.HALTED,
         (_S.HALTED, _E.ANSWER): _S.HALTED,
         (_S.HALTED, _E.LEAVE): _S.HALTED,
         (_S.HALTED, _E.OVERFLOW): _S.HALTED,
+        (_S.HALTED, _E.PROTECTION_LOST): _S.HALTED,
     }
 )
 
@@ -86,5 +101,5 @@ def next_state(state: LaneState, event: LaneEvent) -> LaneState:
 
 
 def gate_open(state: LaneState) -> bool:
-    """Whether the refusal gate is open in ``state`` (closed only while deciding)."""
-    return state is not LaneState.DECIDING
+    """Whether the refusal gate is open in ``state`` (closed only while a request decides)."""
+    return state not in (LaneState.DECIDING, LaneState.DECIDING_HALTED)

@@ -354,6 +354,7 @@ class BrokerServer:
                             trio.serve_listeners, self._handle, [listener], handler_nursery=handlers
                         )
                     )
+                    acceptor.start_soon(self._watch_protections, service)
                     task_status.started()
                     await self._stop.wait()
                     service.accepting = False
@@ -361,6 +362,19 @@ class BrokerServer:
                 # The in-flight invocation may finish within the grace; whatever
                 # is still running at the deadline is cancelled.
                 handlers.cancel_scope.deadline = trio.current_time() + self.grace_s
+
+    async def _watch_protections(self, service: Service) -> None:
+        """Halt on a protection lost mid-run, then say so in the readiness file.
+
+        The harness reads the file again once the agent is done and reports
+        the loss (``harness/orchestrate.py``); stderr has the precise reason.
+        """
+        lost = await service.watch_runner()
+        announced = self.runner.degradations()
+        if lost not in announced:
+            announced = (*announced, lost)
+        with contextlib.suppress(OSError):
+            await self._run_sync(_write_ready, self.config.ready_path, announced)
 
     async def _warm(self) -> None:
         """Let the runner prepare seeds before we listen.

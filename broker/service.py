@@ -30,6 +30,13 @@ secret-dependent moment processing ends, and every queued and later request
 gets the canonical error at ``timing.halted_answer_at``, which depends only
 on its arrival and on the overflow answer, never on the overrun.
 
+Why a lost protection halts the run the same way: when the runner reports
+that a protection it set up at start is gone (:meth:`Service.watch_runner`;
+the page-cache pin died), a cross-invocation channel the channel policy
+counted as closed is open again, so no later invocation may run. The
+request holding the lane keeps its own answer (its query started with the
+protection in place); the queued and later ones get the canonical error.
+
 Every failure is the canonical error; its category goes only to the audit
 log. A journal write failure is a local fault: the accounts turn *broken*
 and every later request gets the canonical error (fail closed).
@@ -47,8 +54,9 @@ import secrets
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import trio
 from bounded_query.broker.accounts import Accounts, CapReached, ThreadRunner
@@ -60,7 +68,7 @@ from bounded_query.broker.journal import Outcome
 from bounded_query.broker.lane import LaneEvent, LaneState, gate_open, next_state
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.refusals import AuditSink, RefusalCounter
-from bounded_query.broker.runner import Invocation, Runner, RunReport
+from bounded_query.broker.runner import Degradation, Invocation, Runner, RunReport
 from bounded_query.broker.subsystem import BOUNDED_QUERY, Subsystem
 from bounded_query.broker.timing import (
     BOUNDARIES_S,
@@ -74,6 +82,9 @@ from bounded_query.broker.timing import (
 from bounded_query.broker.workspace import WorkspaceOps
 
 __all__ = [
+    "HALTED_CATEGORIES",
+    "HALT_OVERFLOW",
+    "HALT_PROTECTION_LOST",
     "Decision",
     "Service",
     "report_bug",
@@ -81,6 +92,18 @@ __all__ = [
 
 
 Sender = Callable[[bytes], Awaitable[None]]
+
+#: Why the run halted (the reason on the operator's ``broker-halted`` line):
+#: an overflow, or a protection the runner lost mid-run (``watch_runner``).
+HALT_OVERFLOW = policy.CATEGORY_BUCKET_OVERFLOW
+HALT_PROTECTION_LOST = policy.CATEGORY_PROTECTION_LOST
+#: The audit tally category of the answers after each kind of halt.
+HALTED_CATEGORIES: Mapping[str, str] = MappingProxyType(
+    {
+        HALT_OVERFLOW: policy.CATEGORY_HALTED,
+        HALT_PROTECTION_LOST: policy.CATEGORY_HALTED_PROTECTION,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +170,10 @@ class Service:
         self.lane_state = LaneState.IDLE
         #: False once the broker stops: a request then gets ``broker-stopping``.
         self.accepting = True
-        #: Trio time of the overflow answer that halted the run, or None.
+        #: Trio time of the overflow answer (or the protection loss) that
+        #: halted the run, or None.
         self.halted_at: float | None = None
+        self._halted_category = HALTED_CATEGORIES[HALT_OVERFLOW]
         self.gate = RefusalGate()
         #: Cancel scopes of requests waiting for the lane (woken by a halt).
         self._queued: set[trio.CancelScope] = set()
@@ -226,17 +251,29 @@ class Service:
         assert self.halted_at is not None
         await sleep_until_staged(halted_answer_at(arrived, self.halted_at, self.boundaries_s[0]))
         await send(CANONICAL_ERROR_BODY)
-        await self.sink.tally(policy.CATEGORY_HALTED)
+        await self.sink.tally(self._halted_category)
 
-    def _halt(self) -> None:
-        """Stop serving after an overflow: wake every request queued for the lane."""
-        self._step(LaneEvent.OVERFLOW)
+    def _halt(self, reason: str = HALT_OVERFLOW, **detail: str) -> None:
+        """Stop serving: wake every request queued for the lane (module docstring)."""
+        overflow = reason == HALT_OVERFLOW
+        self._step(LaneEvent.OVERFLOW if overflow else LaneEvent.PROTECTION_LOST)
         self.halted_at = trio.current_time()
+        self._halted_category = HALTED_CATEGORIES[reason]
         for scope in self._queued:
             scope.cancel()
         # The operator's precise reason (the agent only ever sees the canonical error).
-        line = {"event": "broker-halted", "reason": policy.CATEGORY_BUCKET_OVERFLOW}
+        line = {"event": "broker-halted", "reason": reason, **detail}
         print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
+
+    async def watch_runner(self) -> Degradation:
+        """Halt the run as an overflow does when the runner loses a protection; return it.
+
+        The server runs this for as long as it serves (module docstring).
+        """
+        lost = await self.runner.watch()
+        if self.halted_at is None:
+            self._halt(HALT_PROTECTION_LOST, subsystem=lost.subsystem, detail=lost.reason)
+        return lost
 
     async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
@@ -295,7 +332,7 @@ class Service:
                 )
             )
         finally:
-            if self.lane_state is LaneState.DECIDING:
+            if not gate_open(self.lane_state):
                 self._step(LaneEvent.ANSWER)  # cancelled or failed before it answered
             self._step(LaneEvent.LEAVE)
 
@@ -306,7 +343,7 @@ class Service:
         with scope:
             await sleep_until_staged(at)
             answered.append(True)
-            self._halt()
+            self._halt(HALT_OVERFLOW)
             with trio.CancelScope(shield=True):
                 await send(CANONICAL_ERROR_BODY)
 

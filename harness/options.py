@@ -82,9 +82,10 @@ class RunOptions:
     agent_tty: bool | None = None
     #: Allow a non-https ``GITHUB_SERVER_URL`` (local test servers only).
     allow_insecure_server: bool = False
-    #: ``--allow-runc-mixed-sensitivity``: accept a public + metered run where
-    #: cross-invocation channels stay open, degraded (harness/channel_policy.py).
-    allow_mixed_sensitivity: bool = False
+    #: ``--allow-cross-invocation-channels``: accept a run whose repositories share
+    #: the host while cross-invocation channels stay open, degraded
+    #: (harness/channel_policy.py).
+    allow_open_channels: bool = False
     #: ``--keep-state DIR``: copy the journal, audit log, seed map and broker
     #: config there at teardown, for ``report --state DIR`` (``report.py``).
     keep_state: Path | None = None

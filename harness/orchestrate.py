@@ -45,12 +45,14 @@ from functools import partial
 import trio
 from bounded_query.broker.protocol.policy import parse_memory_limit
 from bounded_query.broker.readiness import decode_ready
+from bounded_query.broker.runner import Degradation
 
+from .channel_policy import ChannelDecision, channel_decision, pin_missing
 from .child import start_child_broker
 from .events import EventSink
 from .options import EXIT_HARNESS, READY_POLL_S, BrokerHandle, BrokerStarter, RunOptions
 from .paths import RunPaths
-from .plan import agent_mode_problems, choose_agent_user, final_status, plan_run
+from .plan import RunPlan, agent_mode_problems, choose_agent_user, final_status, plan_run
 from .preflight import docker_host_from_env
 from .prepare import execute_plan, new_run_id
 from .progress import AuditFollower, follow_audit
@@ -70,7 +72,7 @@ from .supervise import (
 from .teardown import RunState, summarize, teardown
 from .tokens import TOKEN_VARIABLES, scrub_process_environment
 
-__all__ = ["run", "wait_ready"]
+__all__ = ["readiness_decision", "report_lost_protections", "run", "wait_ready"]
 
 
 def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int | None]:
@@ -86,27 +88,67 @@ def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int
 
 async def wait_ready(
     paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
-) -> bool:
-    """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first.
+) -> tuple[Degradation, ...] | None:
+    """Wait up to ``limit_s`` for the broker's ready file; None (reported) if it exits first.
 
-    Each protection the file says the runner could not set up (a
-    ``degraded`` entry, ``broker/readiness.py``) becomes a ``degraded``
-    event, and so part of the step summary, before the agent starts.
+    Returns the protections the file says the runner could not set up (a
+    ``degraded`` entry, ``broker/readiness.py``; empty when none). Each
+    becomes a ``degraded`` event, and so part of the step summary, before
+    the agent starts; the caller asks the channel policy whether the run
+    may go on without them (:func:`readiness_problem`).
     """
     with trio.move_on_after(limit_s):
         while True:
             ready, status = await trio.to_thread.run_sync(_probe_ready, paths, broker)
             if ready is not None:
                 sink.emit("broker_ready")
-                for missing in decode_ready(ready):
+                announced = decode_ready(ready)
+                for missing in announced:
                     sink.degrade(missing.subsystem, missing.reason)
-                return True
+                return announced
             if status is not None:
                 sink.emit("broker_failed", message=f"the broker exited with status {status}")
-                return False
+                return None
             await trio.sleep(READY_POLL_S)
     sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s")
-    return False
+    return None
+
+
+async def report_lost_protections(
+    paths: RunPaths, broker: BrokerHandle, announced: tuple[Degradation, ...], sink: EventSink
+) -> None:
+    """After the agent: report what the broker lost during the run (it then halted).
+
+    The broker rewrites its readiness file when a protection is lost mid-run
+    (``broker/server.py``); each entry not announced at start becomes a
+    ``degraded`` event and a ``broker_halted`` event (the step summary shows
+    the former).
+    """
+    ready, _ = await trio.to_thread.run_sync(_probe_ready, paths, broker)
+    if not ready:  # gone with the broker (reported apart) or not ours to read
+        return
+    for missing in decode_ready(ready):
+        if missing not in announced:
+            sink.emit("broker_halted", subsystem=missing.subsystem)
+            sink.degrade(missing.subsystem, missing.reason)
+
+
+def readiness_decision(plan: RunPlan, announced: tuple[Degradation, ...]) -> ChannelDecision:
+    """The channel policy again, now that the broker said whether the pin runs (pure).
+
+    Preflight assumed the page-cache pin; a sharing run refused only because
+    it is missing is refused here, before the agent starts, and one the
+    operator accepted gets the notice naming the page cache
+    (``channel_policy.py``).
+    """
+    inputs = plan.preflight
+    return channel_decision(
+        inputs.config.runtime,
+        (repo.sensitivity for repo in inputs.config.private_repos),
+        isolated_storage=inputs.isolated_storage,
+        allow_open=inputs.allow_open_channels,
+        pinned=not pin_missing(announced),
+    )
 
 
 async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: EventSink) -> int:
@@ -207,7 +249,18 @@ async def run(
                         logs.start_soon(broker.relay_log, sink)
                         watch_child(state.reaper, "broker", getattr(broker, "pid", None), sink)
                         sink.emit("broker_started")
-                        if await wait_ready(paths, broker, options.ready_timeout, sink):
+                        announced = await wait_ready(paths, broker, options.ready_timeout, sink)
+                        verdict = ChannelDecision()
+                        if announced is not None and pin_missing(announced):
+                            verdict = readiness_decision(plan, announced)
+                        if verdict.degraded is not None:
+                            sink.degrade("cross-invocation channels", verdict.degraded)
+                        if verdict.problem is not None:
+                            # Still before the agent: a preflight failure (exit 2).
+                            phase = "preflight"
+                            problems_event(sink, "preflight_error", [verdict.problem])
+                            sink.emit("preflight_failed", problems=1)
+                        elif announced is not None:
                             phase = "agent"
                             progress = options.progress
                             if progress is None:
@@ -234,6 +287,7 @@ async def run(
                                 docker_host=plan.docker_host,
                                 broker_pid=getattr(broker, "pid", None),
                             )
+                            await report_lost_protections(paths, broker, announced, sink)
                             if await trio.to_thread.run_sync(broker.exited) is not None:
                                 state.degraded_notes.append(
                                     "the broker exited while the agent ran; later queries failed"

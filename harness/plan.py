@@ -107,14 +107,14 @@ def plan_run(
         seed_sources=dict(options.seed_sources),
         agent_visible=(Path("/tmp"), options.workspace, *home, *options.agent_mounts),
         allow_insecure_server=options.allow_insecure_server,
-        allow_mixed_sensitivity=options.allow_mixed_sensitivity,
+        allow_open_channels=options.allow_open_channels,
         isolated_storage=euid == 0,
     )
     channels = channel_decision(
         config.runtime,
         (repo.sensitivity for repo in config.private_repos),
         isolated_storage=inputs.isolated_storage,
-        allow_mixed=inputs.allow_mixed_sensitivity,
+        allow_open=inputs.allow_open_channels,
     )
     seeds = tuple(
         SeedSpec(repo, options.seed_sources.get(repo.repo.lower())) for repo in config.private_repos

@@ -71,8 +71,8 @@ class PreflightInputs:
     agent_visible: tuple[Path, ...] = ()
     #: ``--allow-insecure-server-url``: accept a plain-http GITHUB_SERVER_URL.
     allow_insecure_server: bool = False
-    #: ``--allow-runc-mixed-sensitivity`` (harness/channel_policy.py).
-    allow_mixed_sensitivity: bool = False
+    #: ``--allow-cross-invocation-channels`` (harness/channel_policy.py).
+    allow_open_channels: bool = False
     #: The broker can give each invocation its own tmpfs (it runs as root).
     isolated_storage: bool = False
 
@@ -224,7 +224,7 @@ def channel_problems(inputs: PreflightInputs) -> list[Problem]:
         inputs.config.runtime,
         (repo.sensitivity for repo in inputs.config.private_repos),
         isolated_storage=inputs.isolated_storage,
-        allow_mixed=inputs.allow_mixed_sensitivity,
+        allow_open=inputs.allow_open_channels,
     )
     return [] if decision.problem is None else [decision.problem]
 

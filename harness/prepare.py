@@ -33,6 +33,7 @@ import trio
 from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME
 
 from .agent import sweep_agent_containers
+from .channel_policy import NON_ROOT_MISSING
 from .config import BoundedQueriesConfig, LoadedConfig
 from .events import EventSink
 from .options import RunOptions
@@ -128,6 +129,8 @@ async def execute_plan(
         sink.emit("preflight_failed", problems=len(problems))
         return False
     sink.emit("preflight_passed", runtime=config.runtime)
+    if not plan.preflight.isolated_storage:
+        sink.degrade(NON_ROOT_MISSING.subsystem, NON_ROOT_MISSING.reason)
     if plan.channels.degraded is not None:
         sink.degrade("cross-invocation channels", plan.channels.degraded)
     try:

@@ -36,6 +36,7 @@ from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
+    PAGE_CACHE_PIN,
     RESULT_FILE_NAME,
     Degradation,
     Invocation,
@@ -79,6 +80,9 @@ PREP_TIMEOUT_S = 600
 PIN_TIMEOUT_S = 120
 #: How often its readiness line is looked for.
 PIN_POLL_S = 0.1
+#: How often :meth:`DockerRunner.watch` checks that the pin still runs between
+#: invocations (each invocation also checks it before its container starts).
+PIN_WATCH_S = 1.0
 #: Workspace subdirectories of the copy-on-write overlay (sandbox/overlay.py).
 UPPER_DIR_NAME = "upper"
 WORK_DIR_NAME = "work"
@@ -241,6 +245,9 @@ class DockerRunner:
         #: whether the image's pages are pinned (None: not tried since reconcile)
         self.page_cache_pinned: bool | None = None
         self._pin_lock = trio.Lock()
+        #: set when the pin, once running, was found gone (``watch``)
+        self._pin_lost: Degradation | None = None
+        self._pin_lost_event = trio.Event()
 
     def _default_client(self) -> Any:
         return engine.api_client(self.settings.docker_host, API_TIMEOUT_S)
@@ -321,6 +328,12 @@ class DockerRunner:
         if self.options.pin_page_cache and self.page_cache_pinned is None:
             with clock("pin"):
                 await self._ensure_pinned()
+        if self.page_cache_pinned and not await self._pin_alive():
+            # The pin died since the last check: this query would run unpinned
+            # after queries that could then load or evict image pages. No
+            # container starts; ``watch`` makes the broker halt the run.
+            self._lose_pin()
+            return RunReport("runner-internal", phases)
         if self.options.materialize == "overlay":
             with clock("view"):
                 view = await self._ensure_view(seed_host)
@@ -561,6 +574,41 @@ class DockerRunner:
             await self._remove(container_id or name)
         return False
 
+    async def _pin_alive(self) -> bool:
+        """Whether the pin container still runs (fail closed: any engine error is no)."""
+        try:
+            info = await self._call(self.api.inspect_container, self.pin_name)
+            state = info["State"]
+            return bool(state.get("Running")) and not state.get("Restarting")
+        except Exception:
+            return False
+
+    def _lose_pin(self) -> None:
+        if self._pin_lost is None:
+            self.page_cache_pinned = False
+            self._pin_lost = Degradation(
+                PAGE_CACHE_PIN,
+                "the pin container stopped during the run: later queries would share the"
+                " image's page cache, a cross-invocation channel; the broker halted the run",
+            )
+            self._pin_lost_event.set()
+
+    async def watch(self) -> Degradation:
+        """Return once the running pin is found gone (Runner contract).
+
+        Checks every :data:`PIN_WATCH_S` seconds while the pin runs, and at
+        once when an invocation found it gone (``run``). A pin that never
+        started is no loss (``degradations`` reported it at start).
+        """
+        while self._pin_lost is None:
+            with trio.move_on_after(PIN_WATCH_S):
+                await self._pin_lost_event.wait()
+            if self._pin_lost is None and self.page_cache_pinned:
+                async with self._pin_lock:
+                    if self.page_cache_pinned and not await self._pin_alive():
+                        self._lose_pin()
+        return self._pin_lost
+
     # -- reconcile ---------------------------------------------------------
 
     async def reconcile(self) -> int:
@@ -612,10 +660,12 @@ class DockerRunner:
         Unpinned, queries share the page cache of the image's files: the
         cross-invocation channel the pin closes (``pagecache.py``) is open.
         """
+        if self._pin_lost is not None:
+            return (self._pin_lost,)
         if self.options.pin_page_cache and self.page_cache_pinned is False:
             return (
                 Degradation(
-                    "page-cache pin",
+                    PAGE_CACHE_PIN,
                     "the pin container could not start: queries share the image's page "
                     "cache, a cross-invocation channel (README, cross-invocation channels)",
                 ),

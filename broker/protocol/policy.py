@@ -32,6 +32,7 @@ __all__ = [
     "CATEGORY_CLEANUP_FAILED",
     "CATEGORY_CONNECTION_CAP",
     "CATEGORY_HALTED",
+    "CATEGORY_HALTED_PROTECTION",
     "CATEGORY_HTTP_BODY_TIMEOUT",
     "CATEGORY_HTTP_BODY_TOO_LARGE",
     "CATEGORY_HTTP_CHUNKED",
@@ -54,6 +55,7 @@ __all__ = [
     "CATEGORY_OK",
     "CATEGORY_OOM",
     "CATEGORY_OTHER",
+    "CATEGORY_PROTECTION_LOST",
     "CATEGORY_REFUSAL_SUMMARY",
     "CATEGORY_REPO_NOT_ALLOWED",
     "CATEGORY_RUNNER_INTERNAL",
@@ -268,6 +270,10 @@ CATEGORY_INTERRUPTED = "interrupted-by-restart"
 # answer after it.
 CATEGORY_BUCKET_OVERFLOW = "timing-bucket-overflow"
 CATEGORY_HALTED = "halted-after-overflow"
+# The other halt: a protection the runner set up at start is gone (the
+# page-cache pin died), and the answers after it.
+CATEGORY_PROTECTION_LOST = "protection-lost"
+CATEGORY_HALTED_PROTECTION = "halted-after-protection-lost"
 # The transport (broker/http.py): a frame that never became a request.
 CATEGORY_HTTP_MALFORMED = "http-malformed"
 CATEGORY_HTTP_CONNECTION_LOST = "http-connection-lost"

@@ -27,9 +27,15 @@ from tests.broker.test_service_timing import _answer, make_service
 S, E = LaneState, LaneEvent
 EXPECTED = {
     (S.IDLE, E.ENTER): S.DECIDING,
+    (S.IDLE, E.PROTECTION_LOST): S.HALTED,
     (S.DECIDING, E.ANSWER): S.ANSWERED,
     (S.DECIDING, E.OVERFLOW): S.HALTED,
+    (S.DECIDING, E.PROTECTION_LOST): S.DECIDING_HALTED,
     (S.ANSWERED, E.LEAVE): S.IDLE,
+    (S.ANSWERED, E.PROTECTION_LOST): S.HALTED,
+    (S.DECIDING_HALTED, E.ANSWER): S.HALTED,
+    (S.DECIDING_HALTED, E.OVERFLOW): S.HALTED,
+    (S.DECIDING_HALTED, E.PROTECTION_LOST): S.DECIDING_HALTED,
     **{(S.HALTED, event): S.HALTED for event in E},
 }
 
@@ -50,7 +56,7 @@ def test_the_table_is_exactly_the_expected_one():
 
 
 def test_the_gate_is_closed_only_while_a_request_decides():
-    assert [s for s in S if not gate_open(s)] == [S.DECIDING]
+    assert [s for s in S if not gate_open(s)] == [S.DECIDING, S.DECIDING_HALTED]
 
 
 async def test_gate_holds_until_opened_and_cancels_pending_accepts(autojump_clock):
