@@ -33,6 +33,15 @@ __all__ = [
     "DEFAULT_RUNTIME",
     "DEFAULT_TIMEOUT_S",
     "DOCKER_UNIX_SCHEME",
+    "ENCLAVE_API_PROXY_ALIAS",
+    "ENCLAVE_ENGINES",
+    "ENCLAVE_IMAGES",
+    "ENCLAVE_MAX_OUTPUT_BYTES",
+    "ENCLAVE_MAX_TASK_BYTES",
+    "ENCLAVE_NETWORK",
+    "ENCLAVE_OCI_RUNTIMES",
+    "ENCLAVE_PIDS_LIMIT",
+    "ENCLAVE_TMPFS_BYTES",
     "INTERPRETERS",
     "LABEL_INVOCATION",
     "LABEL_OWNER",
@@ -165,6 +174,38 @@ LABEL_OWNER = "bounded-query.owner"
 #: (16 random bytes). The broker's configuration and the harness's owner
 #: record refuse anything else, so it is always a safe label filter.
 RUN_ID_PATTERN = r"[0-9a-f]{16,64}"
+
+# --- 15 bounded agents: the enclave -----------------------------------------------------
+
+#: Configured runtime -> OCI runtime of an enclave. An enclave needs one
+#: network peer (the API proxy, spec 15.6), so gVisor needs its own
+#: registration with networking: the queries' ``runsc`` has
+#: ``--network=none`` and an enclave never falls back to runc (spec 15.7).
+ENCLAVE_OCI_RUNTIMES: Mapping[str, str] = MappingProxyType(
+    {RUNTIME_DOCKER: "runc", RUNTIME_GVISOR: "runsc-net"}
+)
+#: The dedicated internal network of enclaves (spec 15.6, ``internal: true``
+#: with this explicit name).
+ENCLAVE_NETWORK = "awf-bounded-agent"
+#: The API proxy's fixed name on that network, the enclave's only peer (the
+#: engine's base URL names it; the enclave's constant /etc/hosts maps it).
+ENCLAVE_API_PROXY_ALIAS = "awf-api-proxy"
+#: Engines with an enclave adapter and image so far (spec 15.2 lists
+#: copilot, claude, codex, gemini; the others fail closed until they land).
+ENCLAVE_ENGINES: tuple[str, ...] = ("claude",)
+#: The enclave image per engine (built from Debian packages and the pinned
+#: npm package, never pulled: sandbox/enclave_image/build.sh).
+ENCLAVE_IMAGES: Mapping[str, str] = MappingProxyType(
+    {"claude": "bounded-query-enclave-claude:latest"}
+)
+#: spec 15.2 defaults: ``pidsLimit`` 128 and ``tmpfsLimit`` "64m" (each of
+#: /tmp and /agent).
+ENCLAVE_PIDS_LIMIT = 128
+ENCLAVE_TMPFS_BYTES = 64 * 1024**2
+#: spec 15.2 upper bounds of ``maxOutputBytes`` (the result file) and
+#: ``maxTaskBytes`` (the caller's task text).
+ENCLAVE_MAX_OUTPUT_BYTES = 8192
+ENCLAVE_MAX_TASK_BYTES = 65536
 
 # --- 14.2 the owner/repo slug ------------------------------------------------------------
 
