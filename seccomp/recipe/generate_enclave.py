@@ -58,6 +58,9 @@ DENIED_TRACED = frozenset({"fadvise64", "sysinfo"})
 #: Names with argument rules in both profiles (handled below, never outright).
 FILTERED = frozenset({"clone", "clone3", "socket", "socketpair"})
 AF_INET = 2
+SOCK_STREAM = 1
+#: The socket type's low bits; SOCK_CLOEXEC and SOCK_NONBLOCK sit above them.
+SOCK_TYPE_MASK = 0xF
 
 
 def build(query: dict[str, Any], traced: set[str]) -> dict[str, Any]:
@@ -80,13 +83,22 @@ def build(query: dict[str, Any], traced: set[str]) -> dict[str, Any]:
         "syscalls": [
             {"names": allowed, "action": "SCMP_ACT_ALLOW"},
             *rules[1:],
-            # The engine's one TCP connection to the API proxy (the only
-            # peer on the enclave network). No AF_INET6, no netlink, no raw
-            # or packet sockets.
+            # The engine's TCP connection to the API proxy (the only peer on
+            # the enclave network): AF_INET stream sockets only. No UDP (no
+            # DNS to Docker's embedded resolver, no datagram side channel),
+            # no ICMP, no AF_INET6, netlink, raw or packet sockets.
             {
                 "names": ["socket"],
                 "action": "SCMP_ACT_ALLOW",
-                "args": [{"index": 0, "value": AF_INET, "valueTwo": 0, "op": "SCMP_CMP_EQ"}],
+                "args": [
+                    {"index": 0, "value": AF_INET, "valueTwo": 0, "op": "SCMP_CMP_EQ"},
+                    {
+                        "index": 1,
+                        "value": SOCK_TYPE_MASK,
+                        "valueTwo": SOCK_STREAM,
+                        "op": "SCMP_CMP_MASKED_EQ",
+                    },
+                ],
             },
         ],
     }
