@@ -44,7 +44,12 @@ adapter="$here/../enclave_adapter.py"
 # shellcheck source=../image/recipe.sh
 . "$here/../image/recipe.sh"
 recipe_begin "$image" "$here/build.sh" "$adapter"
-command -v npm >/dev/null || { echo "build-images: npm missing (Node.js)" >&2; exit 1; }
+# Node.js comes with the machine; Debian's nodejs/npm are the fallback (as in
+# .ci/install-test-tools). npm only fetches and links: the image has no Node.js.
+if ! command -v npm >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
 mkdir -p "$work/npm" "$work/engine/bin"
 echo '{"name":"bq-enclave-engine","private":true}' >"$work/npm/package.json"
 npm install --prefix "$work/npm" --no-audit --no-fund --ignore-scripts --prefer-offline \

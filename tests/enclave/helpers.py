@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,12 @@ class Rig:
         schema: dict[str, Any],
         *,
         timeout_s: float = 180.0,
+        customize: Callable[[dict[str, Any]], None] | None = None,
     ) -> EnclaveRun:
-        """Run one enclave to completion (killed after ``timeout_s``) and remove it."""
+        """Run one enclave to completion (killed after ``timeout_s``) and remove it.
+
+        ``customize`` may edit the spec's create body first (test setups only).
+        """
         invocation = EnclaveInvocation(
             invocation_id=secrets.token_hex(8),
             seed_dir=str(seed),
@@ -178,6 +183,8 @@ class Rig:
         seccomp = enclave_profile_json(ENCLAVE_OCI_RUNTIMES[settings.runtime])
         name, body = enclave_spec(settings, invocation, seccomp, keep_logs=True)
         body["Labels"][TEST_LABEL] = TEST_LABEL_VALUE
+        if customize is not None:
+            customize(body)
         api = self.client.api
         t0 = time.monotonic()
         cid = api.create_container_from_config(body, name)["Id"]
@@ -293,3 +300,63 @@ def start_rig(client: Any) -> Rig:
         api.remove_network(network)
         raise
     return Rig(client, root, network, proxy_address, fake_id, script_path, record_path)
+
+
+def run_loopback(
+    client: Any, oci_runtime: str, files: dict[str, str], script: dict[str, str]
+) -> tuple[EnclaveRun, list[dict[str, Any]]]:
+    """One enclave with the fake provider *inside* it on loopback, on ``oci_runtime``.
+
+    For runtimes that cannot join a network (the queries' ``runsc`` has
+    ``--network=none``): the enclave's body as built by the spec (its image,
+    seccomp variant, mounts, limits), but on Docker's ``none`` network, the
+    proxy's address 127.0.0.1, and an entrypoint that starts the fake in the
+    background before it runs the adapter exactly as the image's entrypoint
+    would. Proves the engine and the profile work on that runtime; the
+    network path is what :class:`Rig` tests.
+    """
+    root = BASE / f"bq-enclave-test-{secrets.token_hex(6)}"
+    root.mkdir(mode=0o755)
+    try:
+        fake = root / "fake"
+        fake.mkdir(mode=0o755)
+        shutil.copy(FAKE_SOURCE, fake / "anthropic_provider.py")
+        (fake / "script.json").write_text(json.dumps(script))
+        record = fake / "record.jsonl"
+        record.write_text("")
+        os.chown(record, QUERY_UID, QUERY_GID)
+        rig = Rig(client, root, "none", "127.0.0.1", "", fake / "script.json", record)
+        settings = rig.settings("docker", network="none", pids_limit=512)
+        seed = rig.seed(files)
+
+        def customize(body: dict[str, Any]) -> None:
+            host = body["HostConfig"]
+            host["Runtime"] = oci_runtime
+            # The gVisor variant (clone3 -> TRACE): this runsc ignores errnoRet,
+            # and with EPERM for clone3 glibc cannot start threads (Bun aborts).
+            gvisor = ENCLAVE_OCI_RUNTIMES["gvisor"]
+            host["SecurityOpt"] = [
+                "no-new-privileges:true",
+                f"seccomp={enclave_profile_json(gvisor)}",
+            ]
+            host["NetworkMode"] = "none"
+            del host["Dns"]
+            del body["NetworkingConfig"]
+            host["Mounts"].append(
+                {"Type": "bind", "Source": str(fake), "Target": "/fake", "ReadOnly": False}
+            )
+            start_fake = (
+                "python3 -I -S /fake/anthropic_provider.py /fake/script.json"
+                f" /fake/record.jsonl {FAKE_PORT} > /tmp/fake.out &"
+                " for _ in $(seq 100); do grep -q ready /tmp/fake.out && break; sleep 0.05; done;"
+                " exec " + " ".join(body["Entrypoint"] + body["Cmd"])
+            )
+            body["Entrypoint"] = ["/bin/bash", "-c", start_fake]
+            body["Cmd"] = []
+
+        task = "Does marker.txt hold a marker?"
+        run = rig.run(settings, seed, task, {"type": "boolean"}, customize=customize)
+        return run, rig.records()
+    finally:
+        _make_writable(root)
+        shutil.rmtree(root, ignore_errors=True)

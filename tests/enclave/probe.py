@@ -118,6 +118,40 @@ def _read(path: str) -> str:
         return "error:" + errno.errorcode.get(exc.errno or 0, "?")
 
 
+def _fill(path: str, limit: int) -> str:
+    """Write up to ``limit`` bytes to ``path``; how far it got and why it stopped."""
+    chunk = b"\0" * (1 << 20)
+    written = 0
+    try:
+        with open(path, "wb", buffering=0) as handle:
+            while written < limit:
+                written += handle.write(chunk)
+    except OSError as exc:
+        return f"{errno.errorcode.get(exc.errno or 0, '?')} after {written >> 20} MiB"
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return f"wrote {written >> 20} MiB"
+
+
+def _spawn(limit: int) -> str:
+    """Start up to ``limit`` sleeping children; how many started before the PID limit."""
+    children = []
+    result = f"started {limit}"
+    try:
+        for _ in range(limit):
+            pid = os.fork()
+            if pid == 0:
+                os.execv("/bin/sleep", ["sleep", "30"])
+            children.append(pid)
+    except OSError as exc:
+        result = f"{errno.errorcode.get(exc.errno or 0, '?')} after {len(children)}"
+    for pid in children:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return result
+
+
 def probe(targets: dict[str, Any]) -> dict[str, Any]:
     """Everything the enclave lets this process do or see (see module docstring)."""
     return {
@@ -162,6 +196,9 @@ def probe(targets: dict[str, Any]) -> dict[str, Any]:
         "hosts": _read("/etc/hosts"),
         "resolv_conf": _read("/etc/resolv.conf"),
         "env_names": sorted(os.environ),
+        "fill_tmp": _fill("/tmp/probe-fill", 256 << 20),
+        "fill_agent": _fill("/agent/probe-fill", 256 << 20),
+        "spawn": _spawn(600),
     }
 
 

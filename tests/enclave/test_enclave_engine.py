@@ -22,7 +22,14 @@ import pytest
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.protocol.policy import ENCLAVE_API_PROXY_ALIAS, QUERY_UID
 
-from tests.enclave.helpers import FAKE_IMAGE, MODEL, TEST_LABEL, TEST_LABEL_VALUE, Rig
+from tests.enclave.helpers import (
+    FAKE_IMAGE,
+    MODEL,
+    TEST_LABEL,
+    TEST_LABEL_VALUE,
+    Rig,
+    run_loopback,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -175,6 +182,13 @@ def test_enclave_confinement_from_inside(
     sockets = found["sockets"]
     assert sockets.pop("inet_tcp") == "created"  # the proxy's family and type
     assert all(result == "EPERM" for result in sockets.values()), sockets
+    # resources: the tmpfs mounts are bounded (64 MiB; RLIMIT_FSIZE is the same),
+    # the PID limit stops a fork loop
+    assert found["fill_tmp"] in ("ENOSPC after 64 MiB", "EFBIG after 64 MiB"), found["fill_tmp"]
+    assert found["fill_agent"].startswith(("ENOSPC after 6", "EFBIG after 6")), found["fill_agent"]
+    spawned = found["spawn"].split()
+    assert spawned[0] == "EAGAIN", found["spawn"]
+    assert int(spawned[-1]) < rig.settings(runtime).pids_limit
     assert "ANTHROPIC_API_KEY" in found["env_names"]
     assert not {"GH_TOKEN", "GITHUB_TOKEN", "DOCKER_HOST"} & set(found["env_names"])
 
@@ -230,4 +244,25 @@ def test_steering_seed_changes_nothing(rig: Rig, runtime: str) -> None:
         assert STEER not in entry["body"]
         assert not any("mcp" in name.lower() or "evil" in name for name in entry["tools"])
         assert set(entry["tools"]) >= ENGINE_TOOLS
+    assert marker in records[-1]["tool_results"][-1]
+
+
+def test_engine_runs_under_gvisor_with_the_enclave_profile(enclave_engine) -> None:
+    """The engine, the adapter and the enclave seccomp profile's gVisor variant work on runsc.
+
+    The queries' runsc registration has no network, so the fake provider
+    runs inside the enclave on loopback (helpers.run_loopback); the
+    networked path on gVisor is the ``gvisor`` cases above (runsc-net).
+    """
+    marker = secrets.token_hex(12)
+    script = {
+        "command": "cat marker.txt",
+        "marker": marker,
+        "answer": "true",
+        "wrong_answer": "false",
+    }
+    run, records = run_loopback(enclave_engine, "runsc", {"marker.txt": marker + "\n"}, script)
+    assert run.exit_code == 0, run.logs
+    assert run.result == b"true"
+    assert [e["reply"] for e in records] == ["tool_use", "end_turn"]
     assert marker in records[-1]["tool_results"][-1]
