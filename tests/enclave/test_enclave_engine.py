@@ -266,3 +266,17 @@ def test_engine_runs_under_gvisor_with_the_enclave_profile(enclave_engine) -> No
     assert run.result == b"true"
     assert [e["reply"] for e in records] == ["tool_use", "end_turn"]
     assert marker in records[-1]["tool_results"][-1]
+
+
+def test_an_answer_that_is_not_one_json_value_leaves_the_result_empty(rig: Rig) -> None:
+    """Fail closed in the real enclave: prose instead of JSON gives no result (the broker errs)."""
+    marker = secrets.token_hex(12)
+    seed = rig.seed({"marker.txt": marker + "\n"})
+    script = _answer_script(marker, "cat marker.txt")
+    script["answer"] = 'I believe the answer is {"found": true}.'
+    rig.set_script(script)
+    run = rig.run(rig.settings("docker"), seed, "Does marker.txt hold a marker?", SCHEMA)
+    assert run.exit_code == 1
+    assert run.result == b""
+    assert "final answer is not one JSON value" in run.logs
+    assert marker in rig.records()[-1]["tool_results"][-1]

@@ -58,3 +58,15 @@ def test_image_is_current_and_labelled(docker_client) -> None:
     assert labels["bounded-query.recipe"] == _recipe_hash(), "stale image: rebuild it"
     assert config["User"] == "65534:65534"
     assert tuple(config["Entrypoint"]) == enclave_spec.ADAPTER_ENTRYPOINT
+
+
+@pytest.mark.engine
+def test_a_missing_enclave_image_is_never_pulled(docker_client) -> None:
+    """spec 15.5 ``--pull never``: the Engine API create refuses an unknown image, pulls nothing."""
+    import docker.errors
+
+    missing = "bounded-query-enclave-claude:no-such-tag-" + "0" * 8
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.api.create_container_from_config({"Image": missing}, None)
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(missing)
