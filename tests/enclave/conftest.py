@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from bounded_query.broker.protocol.policy import ENCLAVE_OCI_RUNTIMES
 
 from tests.enclave.helpers import FAKE_IMAGE, IMAGE, Rig, runtime_registered, start_rig
 
@@ -45,7 +46,11 @@ def runtime(request, enclave_engine) -> str:
     """
     name = str(request.param)
     if not runtime_registered(enclave_engine, name):
-        reason = f"dockerd has no runtime for enclaves on {name} (run .ci/provision-engine)"
+        oci = ENCLAVE_OCI_RUNTIMES[name]
+        reason = (
+            f"dockerd has no {oci!r} runtime for enclaves on {name}: .ci/provision-engine"
+            " registers it (it rewrites /etc/docker/daemon.json and restarts dockerd)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
