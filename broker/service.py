@@ -83,8 +83,6 @@ from bounded_query.broker.workspace import WorkspaceOps
 
 __all__ = [
     "HALTED_CATEGORIES",
-    "HALT_OVERFLOW",
-    "HALT_PROTECTION_LOST",
     "Decision",
     "Service",
     "report_bug",
@@ -93,15 +91,13 @@ __all__ = [
 
 Sender = Callable[[bytes], Awaitable[None]]
 
-#: Why the run halted (the reason on the operator's ``broker-halted`` line):
-#: an overflow, or a protection the runner lost mid-run (``watch_runner``).
-HALT_OVERFLOW = policy.CATEGORY_BUCKET_OVERFLOW
-HALT_PROTECTION_LOST = policy.CATEGORY_PROTECTION_LOST
-#: The audit tally category of the answers after each kind of halt.
+#: Why the run halted (the reason on the operator's ``broker-halted`` line:
+#: an overflow, or a protection the runner lost mid-run, ``watch_runner``)
+#: -> the audit tally category of the answers after it.
 HALTED_CATEGORIES: Mapping[str, str] = MappingProxyType(
     {
-        HALT_OVERFLOW: policy.CATEGORY_HALTED,
-        HALT_PROTECTION_LOST: policy.CATEGORY_HALTED_PROTECTION,
+        policy.CATEGORY_BUCKET_OVERFLOW: policy.CATEGORY_HALTED,
+        policy.CATEGORY_PROTECTION_LOST: policy.CATEGORY_HALTED_PROTECTION,
     }
 )
 
@@ -173,7 +169,7 @@ class Service:
         #: Trio time of the overflow answer (or the protection loss) that
         #: halted the run, or None.
         self.halted_at: float | None = None
-        self._halted_category = HALTED_CATEGORIES[HALT_OVERFLOW]
+        self._halted_category = HALTED_CATEGORIES[policy.CATEGORY_BUCKET_OVERFLOW]
         self.gate = RefusalGate()
         #: Cancel scopes of requests waiting for the lane (woken by a halt).
         self._queued: set[trio.CancelScope] = set()
@@ -253,9 +249,9 @@ class Service:
         await send(CANONICAL_ERROR_BODY)
         await self.sink.tally(self._halted_category)
 
-    def _halt(self, reason: str = HALT_OVERFLOW, **detail: str) -> None:
+    def _halt(self, reason: str = policy.CATEGORY_BUCKET_OVERFLOW, **detail: str) -> None:
         """Stop serving: wake every request queued for the lane (module docstring)."""
-        overflow = reason == HALT_OVERFLOW
+        overflow = reason == policy.CATEGORY_BUCKET_OVERFLOW
         self._step(LaneEvent.OVERFLOW if overflow else LaneEvent.PROTECTION_LOST)
         self.halted_at = trio.current_time()
         self._halted_category = HALTED_CATEGORIES[reason]
@@ -272,7 +268,9 @@ class Service:
         """
         lost = await self.runner.watch()
         if self.halted_at is None:
-            self._halt(HALT_PROTECTION_LOST, subsystem=lost.subsystem, detail=lost.reason)
+            self._halt(
+                policy.CATEGORY_PROTECTION_LOST, subsystem=lost.subsystem, detail=lost.reason
+            )
         return lost
 
     async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
@@ -343,7 +341,7 @@ class Service:
         with scope:
             await sleep_until_staged(at)
             answered.append(True)
-            self._halt(HALT_OVERFLOW)
+            self._halt(policy.CATEGORY_BUCKET_OVERFLOW)
             with trio.CancelScope(shield=True):
                 await send(CANONICAL_ERROR_BODY)
 

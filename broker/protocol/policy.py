@@ -73,6 +73,15 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DOCKER_API_VERSION",
     "DOCKER_UNIX_SCHEME",
+    "ENCLAVE_API_PROXY_ALIAS",
+    "ENCLAVE_ENGINES",
+    "ENCLAVE_IMAGES",
+    "ENCLAVE_MAX_OUTPUT_BYTES",
+    "ENCLAVE_MAX_TASK_BYTES",
+    "ENCLAVE_NETWORK",
+    "ENCLAVE_OCI_RUNTIMES",
+    "ENCLAVE_PIDS_LIMIT",
+    "ENCLAVE_TMPFS_BYTES",
     "ENV_REPOS",
     "ENV_SKILL",
     "ENV_SOCKET",
@@ -96,6 +105,7 @@ __all__ = [
     "MIN_TIMEOUT_S",
     "OCI_RUNC",
     "OCI_RUNSC",
+    "OCI_RUNSC_NET",
     "OCI_RUNTIMES",
     "QUERY_GID",
     "QUERY_UID",
@@ -293,6 +303,40 @@ CATEGORY_HTTP_TRUNCATED = "http-truncated-body"
 CATEGORY_REFUSAL_SUMMARY = "refusal-summary"
 CATEGORY_AUDIT_TRUNCATED = "audit-truncated"
 CATEGORY_OTHER = "other"
+
+# --- 15 bounded agents: the enclave -----------------------------------------------------
+
+#: The OCI runtime name of gVisor with networking (enclaves only).
+OCI_RUNSC_NET = "runsc-net"
+#: Configured runtime -> OCI runtime of an enclave. An enclave needs one
+#: network peer (the API proxy, spec 15.6), so gVisor needs its own
+#: registration with networking: the queries' ``runsc`` has
+#: ``--network=none`` and an enclave never falls back to runc (spec 15.7).
+ENCLAVE_OCI_RUNTIMES: Mapping[str, str] = MappingProxyType(
+    {RUNTIME_DOCKER: OCI_RUNC, RUNTIME_GVISOR: OCI_RUNSC_NET}
+)
+#: The dedicated internal network of enclaves (spec 15.6, ``internal: true``
+#: with this explicit name).
+ENCLAVE_NETWORK = "awf-bounded-agent"
+#: The API proxy's fixed name on that network, the enclave's only peer (the
+#: engine's base URL names it; the enclave's constant /etc/hosts maps it).
+ENCLAVE_API_PROXY_ALIAS = "awf-api-proxy"
+#: Engines with an enclave adapter and image so far (spec 15.2 lists
+#: copilot, claude, codex, gemini; the others fail closed until they land).
+ENCLAVE_ENGINES: tuple[str, ...] = ("claude",)
+#: The enclave image per engine (built from Debian packages and the pinned
+#: npm package, never pulled: sandbox/enclave_image/build.sh).
+ENCLAVE_IMAGES: Mapping[str, str] = MappingProxyType(
+    {"claude": "bounded-query-enclave-claude:latest"}
+)
+#: spec 15.2 defaults: ``pidsLimit`` 128 and ``tmpfsLimit`` "64m" (each of
+#: /tmp and /agent).
+ENCLAVE_PIDS_LIMIT = 128
+ENCLAVE_TMPFS_BYTES = 64 * 1024**2
+#: spec 15.2 upper bounds of ``maxOutputBytes`` (the result file) and
+#: ``maxTaskBytes`` (the caller's task text).
+ENCLAVE_MAX_OUTPUT_BYTES = 8192
+ENCLAVE_MAX_TASK_BYTES = 65536
 
 # --- 14.2 the owner/repo slug ------------------------------------------------------------
 

@@ -15,11 +15,11 @@ import json
 import pytest
 import trio
 from bounded_query.broker.audit import AuditLog
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN, Degradation
-from bounded_query.broker.service import HALT_PROTECTION_LOST, HALTED_CATEGORIES
-from bounded_query.broker.timing import BOUNDARIES_S
-from bounded_query.broker.timing import halted_answer_at
+from bounded_query.broker.service import HALTED_CATEGORIES
+from bounded_query.broker.timing import BOUNDARIES_S, halted_answer_at
 
 from tests.broker.conftest import serving
 from tests.broker.helpers import ERROR, body_of, exchange, load, make_root, request_bytes
@@ -69,12 +69,14 @@ async def test_a_lost_pin_halts_every_later_request(autojump_clock, service, cap
     assert lines == [
         {
             "event": "broker-halted",
-            "reason": HALT_PROTECTION_LOST,
+            "reason": policy.CATEGORY_PROTECTION_LOST,
             "subsystem": PAGE_CACHE_PIN,
             "detail": LOST.reason,
         }
     ]
-    assert dict(service.sink._tally.pending) == {HALTED_CATEGORIES[HALT_PROTECTION_LOST]: 2}
+    assert dict(service.sink._tally.pending) == {
+        HALTED_CATEGORIES[policy.CATEGORY_PROTECTION_LOST]: 2
+    }
 
 
 async def test_no_loss_no_halt(autojump_clock, service):

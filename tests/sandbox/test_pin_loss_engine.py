@@ -18,10 +18,10 @@ import docker.errors
 import pytest
 import trio
 from bounded_query.broker.config import parse_config, parse_seed_map
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN
 from bounded_query.broker.server import BrokerServer
-from bounded_query.broker.service import HALT_PROTECTION_LOST
 from bounded_query.sandbox import DockerRunner
 
 from tests.broker.helpers import body_of, exchange, request_bytes
@@ -74,7 +74,7 @@ async def test_killing_the_pin_halts_the_broker(engine, seed, tmp_path, capsys):
         for line in capsys.readouterr().err.splitlines()
         if '"broker-halted"' in line
     ]
-    assert [h["reason"] for h in halts] == [HALT_PROTECTION_LOST]
+    assert [h["reason"] for h in halts] == [policy.CATEGORY_PROTECTION_LOST]
     assert halts[0]["subsystem"] == PAGE_CACHE_PIN
     assert leftover_containers(engine, config.run_id, pin=True) == []
 
