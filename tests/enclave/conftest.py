@@ -10,7 +10,12 @@ from bounded_query.broker.protocol.policy import ENCLAVE_OCI_RUNTIMES
 
 from tests.enclave.helpers import FAKE_IMAGE, IMAGE, Rig, runtime_registered, start_rig
 
-RUNTIMES = ("docker", "gvisor")
+#: The runtimes a networked enclave starts on here. gVisor is not among them:
+#: this machine's runsc (Debian's 2022-12 build, and trixie's 2024-07 one
+#: alike) refuses to start any container with networking under dockerd 20.10
+#: ("cannot run with network enabled in root network namespace"), so an
+#: enclave on ``gvisor`` fails closed (test_a_gvisor_enclave_fails_closed...).
+RUNTIMES = ("docker",)
 
 
 @pytest.fixture(scope="session")

@@ -78,6 +78,29 @@ def test_engine_reads_the_seed_and_answers(rig: Rig, runtime: str) -> None:
     assert records[0]["max_tokens"] > 0
 
 
+def test_a_gvisor_enclave_fails_closed_where_runsc_cannot_network(rig: Rig) -> None:
+    """spec 15.7: an unavailable networked runsc never downgrades to runc.
+
+    On this machine runsc-net cannot start a networked container at all
+    (tests/enclave/conftest.py), so the launch must fail, the engine must
+    never run (the fake provider sees no request) and nothing is left behind.
+    When a runsc that can network arrives, this test fails: then put
+    ``gvisor`` back into conftest.RUNTIMES.
+    """
+    import docker.errors
+
+    seed = rig.seed({"marker.txt": "x\n"})
+    rig.set_script(_answer_script("x", "cat marker.txt"))
+    before = len(rig.records())
+    with pytest.raises(docker.errors.APIError, match="network"):
+        rig.run(rig.settings("gvisor"), seed, "Does marker.txt hold a marker?", SCHEMA)
+    assert len(rig.records()) == before
+    left = rig.client.api.containers(
+        all=True, filters={"label": f"{TEST_LABEL}={TEST_LABEL_VALUE}"}
+    )
+    assert [c for c in left if c["Id"] != rig.fake_id and c["Id"] not in rig.extra_containers] == []
+
+
 def test_missing_marker_gives_the_wrong_answer(rig: Rig, runtime: str) -> None:
     """Control: when the tool output lacks the marker the fake answers wrongly (no free pass)."""
     marker = secrets.token_hex(12)
