@@ -520,6 +520,7 @@ def _drop_capabilities() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     pr_capbset_drop, pr_set_no_new_privs = 24, 38
     keep = set(KEPT_CAPABILITIES.values())
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)  # first: the capset below is the last step
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
         if cap not in keep:
@@ -541,7 +542,6 @@ def _drop_capabilities() -> None:
         Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0), Data(mask >> 32, mask >> 32, 0)
     )
     libc.capset(ctypes.byref(header), data)
-    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
 
 
 def main(argv: list[str]) -> int:
@@ -549,12 +549,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         sys.stderr.write("usage: python3 -m bounded_query.harness.reaper FD\n")
         return 2
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        _drop_capabilities()
     # The engine client is imported while the harness lives: the reap itself
     # should not wait for an import.
     with contextlib.suppress(ImportError):
         import docker  # noqa: F401
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _drop_capabilities()
     sink = EventSink(sys.stderr)  # never raises on a stream whose reader is gone
     with socket.socket(fileno=int(argv[0])) as sock:
         return serve(sock, sink)
