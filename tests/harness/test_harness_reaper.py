@@ -401,8 +401,10 @@ def test_the_reaper_holds_no_secret_no_lock_and_its_own_session(tmp_path):
         # Its own session and process group: a group kill of the harness misses it.
         assert os.getsid(reaper) == reaper == os.getpgid(reaper)
         assert os.getsid(pids["harness"]) == pids["harness"] != reaper
-        # Descriptors: /dev/null, the harness's stderr, its socket; not the lock.
-        # (Polled: while the interpreter starts it briefly holds module files.)
+        # Descriptors: /dev/null, the harness's stderr, its socket, the pidfds of
+        # the broker and the host agent; not the lock. (Polled: while the
+        # interpreter starts it briefly holds module files, and the watch
+        # messages are read once it serves.)
         fd_dir = Path(f"/proc/{reaper}/fd")
         deadline = time.monotonic() + 20
         while True:
@@ -411,13 +413,16 @@ def test_the_reaper_holds_no_secret_no_lock_and_its_own_session(tmp_path):
                 with contextlib.suppress(FileNotFoundError):
                     links[int(fd.name)] = os.readlink(fd)
             sockets = [fd for fd, target in links.items() if target.startswith("socket:")]
-            if set(links) == {0, 1, 2, *sockets} or time.monotonic() > deadline:
+            pidfds = [fd for fd, target in links.items() if target == "anon_inode:[pidfd]"]
+            expected = {0, 1, 2, *sockets, *pidfds}
+            if (set(links) == expected and len(pidfds) == 2) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert links[0] == links[1] == "/dev/null"
         assert links[2] == str(tmp_path / "stderr")
         assert sockets == [int(cmdline[4])]
-        assert set(links) == {0, 1, 2, *sockets}, links
+        assert len(pidfds) == 2  # broker and agent
+        assert set(links) == expected, links
         lock_target = os.readlink(f"/proc/{pids['harness']}/fd/{pids['lock']}")
         assert lock_target == str(tmp_path / "engine.lock")  # the harness does hold it
         assert lock_target not in links.values()
