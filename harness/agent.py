@@ -15,8 +15,9 @@ implementations:
   passes it on to the command. The exit status is the container's
   (``docker-init`` reports 128+N for a command killed by signal N, like the
   host mode). :meth:`close` force-removes it; teardown's reconciliation by
-  run label and the next run's :func:`sweep_agent_containers` catch what a
-  killed harness left.
+  run label, the run's reaper after a SIGKILL (``reaper.py``) and, should the
+  reaper die too, the next run's :func:`sweep_agent_containers` catch what
+  a killed harness left.
 * :class:`HostAgent` -- ``--agent-on-host``: a plain child process,
   optionally with another uid/gid (dropped in the child before exec, with
   no supplementary groups).

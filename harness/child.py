@@ -4,7 +4,9 @@ Theory of operation: the child runs in its own session with a minimal,
 credential-free environment and ``/`` as its directory. It carries a
 parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a harness
 killed with SIGKILL -- which runs no teardown -- does not leave a broker
-serving behind it: the broker gets SIGTERM and shuts down as usual.
+serving behind it: the broker gets SIGTERM and shuts down as usual -- and
+the run's reaper, which holds a pidfd of the broker (``reaper.py``), SIGKILLs
+it at once, before it removes the run's containers and roots.
 
 The kernel sends that signal when the *thread* that forked the child exits,
 not the process. ``trio.lowlevel.open_process`` forks in a worker thread,

@@ -39,7 +39,7 @@ moment the harness is gone.
   could start a query after the listing); then the run's containers -- the
   compose broker service (``run --compose``), the agent container, the
   queries -- and its volumes, by this run's labels only
-  (:func:`reconcile_run`: ``sandbox/reconcile.py``, the one reconcile);
+  (``teardown.reconcile_containers``, the one reconcile);
   then every other process still working inside the roots (a ``git clone``
   of an interrupted staging: git re-creates missing parent directories, so
   it must not outlive the roots); then, only if the owner record still
@@ -77,6 +77,7 @@ from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME, RUN_ID_PATT
 from .events import EventSink
 from .paths import INGRESS_PREFIX, PRIVATE_PREFIX, RunPaths
 from .sweep import MODE_RUN, read_owner_record, remove_run_roots
+from .teardown import reconcile_containers
 
 __all__ = [
     "KEPT_CAPABILITIES",
@@ -90,7 +91,6 @@ __all__ = [
     "decode_message",
     "reap",
     "reaper_environment",
-    "reconcile_run",
     "serve",
     "start_reaper",
 ]
@@ -104,8 +104,10 @@ KILL_WAIT_S = 5.0
 #: The last engine pass comes this long after the broker died: a create the
 #: killed broker had sent may still complete in the engine.
 SETTLE_S = 1.0
-#: How long teardown waits for a disarmed reaper to exit (it exits at once).
-EXIT_WAIT_S = 5.0
+#: How long teardown waits for a disarmed reaper to exit. It exits as soon
+#: as it reads ``done``, but it may still be starting its interpreter (about
+#: a second here; many more on a loaded machine): a long bound, seldom used.
+EXIT_WAIT_S = 30.0
 #: Variables the reaper inherits: no token, no Docker credential, no PYTHON*.
 REAPER_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ")
 #: Capabilities a root reaper keeps: read, traverse and delete the roots
@@ -240,7 +242,6 @@ class Reaped:
     #: interrupted staging, say), killed before the roots went.
     strays: int = 0
     containers: int = 0
-    volumes: int = 0
     #: "reconciled", "not-attempted" (no local engine) or "failed: <kind>".
     engine: str = "not-attempted"
     #: "removed", "gone", "not-this-run" or the removal's error message.
@@ -250,32 +251,8 @@ class Reaped:
     last_removal_s: float = 0.0
 
 
-#: Removes a run's containers and volumes: (docker host, run id) -> (containers, volumes).
-EngineReconcile = Callable[[str, str], tuple[int, int]]
-
-
-def reconcile_run(docker_host: str, run_id: str) -> tuple[int, int]:
-    """The compose broker service of the run, then its containers and volumes (blocking)."""
-    from bounded_query.broker.protocol.policy import LABEL_RUN
-    from bounded_query.sandbox import engine
-    from bounded_query.sandbox.reconcile import (
-        RECONCILE_TIMEOUT_S,
-        remove_labelled,
-        remove_labelled_volumes,
-    )
-
-    from .compose import HARNESS_LABEL
-
-    api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
-    try:
-        # The compose service carries its own label (never the run label, so a
-        # broker's reconcile cannot catch itself); it goes first, like a child broker.
-        services = remove_labelled(api, f"{HARNESS_LABEL}={run_id}").removed
-        containers = remove_labelled(api, f"{LABEL_RUN}={run_id}").removed
-        volumes = remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}").removed
-        return len(services) + len(containers), len(volumes)
-    finally:
-        api.close()
+#: Removes a run's containers and volumes: (docker host, run id) -> containers removed.
+EngineReconcile = Callable[[str, str], int]
 
 
 def _kill(pidfd: int) -> bool:
@@ -307,7 +284,7 @@ def reap(
     arm: Arm,
     watched: Mapping[str, int],
     *,
-    engine: EngineReconcile = reconcile_run,
+    engine: EngineReconcile = reconcile_containers,
     uid: int | None = None,
     settle_s: float = SETTLE_S,
     session: int | None = None,
@@ -323,25 +300,25 @@ def reap(
     killed = tuple(role for role in ROLES if role in watched and _kill(watched[role]))
     _wait_gone([watched[role] for role in ROLES if role in watched], KILL_WAIT_S)
     last = time.monotonic()
-    containers = volumes = 0
+    containers = 0
     outcome = "not-attempted"
     local = arm.docker_host.startswith(DOCKER_UNIX_SCHEME)
 
     def engine_pass() -> None:
-        nonlocal containers, volumes, outcome, last
+        nonlocal containers, outcome, last
         if not local:
             return
         try:
-            more_containers, more_volumes = engine(arm.docker_host, arm.run_id)
+            removed = engine(arm.docker_host, arm.run_id)
         except Exception as exc:  # the engine's reason; the roots still go
             outcome = f"failed: {exc.__class__.__name__}"
             return
-        if outcome == "not-attempted":
-            outcome = "reconciled"
-        if more_containers or more_volumes:
+        if removed or outcome == "not-attempted":
+            # The first pass also removes the volumes (not counted); a later
+            # one that found nothing removed nothing.
             last = time.monotonic()
-        containers += more_containers
-        volumes += more_volumes
+        outcome = "reconciled"
+        containers += removed
 
     engine_pass()
     strays = _kill_inside(arm.paths, session)
@@ -362,7 +339,6 @@ def reap(
         killed=killed,
         strays=strays,
         containers=containers,
-        volumes=volumes,
         engine=outcome,
         roots=roots,
         seconds=round(now - started, 3),
@@ -505,7 +481,6 @@ def serve(sock: socket.socket, sink: EventSink) -> int:
         killed=list(reaped.killed),
         strays=reaped.strays,
         containers=reaped.containers,
-        volumes=reaped.volumes,
         engine=reaped.engine,
         roots=reaped.roots,
         seconds=reaped.seconds,
@@ -522,6 +497,7 @@ def _drop_capabilities() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     pr_capbset_drop, pr_set_no_new_privs = 24, 38
     keep = set(KEPT_CAPABILITIES.values())
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)  # first: the capset below is the last step
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
         if cap not in keep:
@@ -543,7 +519,6 @@ def _drop_capabilities() -> None:
         Data(mask & 0xFFFFFFFF, mask & 0xFFFFFFFF, 0), Data(mask >> 32, mask >> 32, 0)
     )
     libc.capset(ctypes.byref(header), data)
-    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
 
 
 def main(argv: list[str]) -> int:
@@ -551,12 +526,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         sys.stderr.write("usage: python3 -m bounded_query.harness.reaper FD\n")
         return 2
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        _drop_capabilities()
     # The engine client is imported while the harness lives: the reap itself
     # should not wait for an import.
     with contextlib.suppress(ImportError):
         import docker  # noqa: F401
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _drop_capabilities()
     sink = EventSink(sys.stderr)  # never raises on a stream whose reader is gone
     with socket.socket(fileno=int(argv[0])) as sock:
         return serve(sock, sink)

@@ -2,9 +2,11 @@
 
 Theory of operation: teardown (``teardown.py``) deletes both roots and unmounts
 the workspace tmpfs, but a harness killed with SIGKILL runs no teardown. Its
-broker child dies with it (parent-death signal); the private root (seeds:
-private source code), the ingress root and the tmpfs stay behind, under
-run-unique names that never collide and so are never reused.
+reaper (``reaper.py``) then undoes the run within seconds; when the reaper
+was killed too (an OOM kill, a kill of every process of the job, a power
+cut), the private root (seeds: private source code), the ingress root and
+the tmpfs stay behind, under run-unique names that never collide and so are
+never reused: this sweep is the fallback.
 
 So every root carries an *owner record*, ``<privateRoot>/control/harness.json``
 (0600, next to the broker's ``control/ready``), written right after the

@@ -30,6 +30,7 @@ from bounded_query.sandbox.reconcile import (
     remove_labelled_volumes,
 )
 
+from .compose import HARNESS_LABEL
 from .config import BoundedQueriesConfig
 from .events import EventSink, append_step_summary
 from .options import BrokerHandle
@@ -80,16 +81,21 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
 
     The one label reconcile (``sandbox/reconcile.py``), as the broker runs it,
     plus the volumes a killed broker left (mounted under the private root).
-    Returns the number of containers removed (blocking).
+    The compose broker service of a ``run --compose`` goes first: it carries
+    its own label (:data:`.compose.HARNESS_LABEL`, never the run label, so a
+    broker's reconcile cannot catch itself), and a broker still running could
+    start a query after the listing. Returns the number of containers
+    removed (blocking).
 
     Raises:
         Exception: the engine could not be reached or could not list containers.
     """
     api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:
+        services = remove_labelled(api, f"{HARNESS_LABEL}={run_id}").removed
         removed = remove_labelled(api, f"{LABEL_RUN}={run_id}").removed
         remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}")
-        return len(removed)
+        return len(services) + len(removed)
     finally:
         api.close()
 

@@ -6,7 +6,8 @@ or ``kill -9`` would -- while a query container runs, and while the agent
 runs with no query in flight. Within :data:`REAP_LIMIT_S` no container,
 volume, root, mount or broker process of that run is left, the reaper
 reported what it did, and the next run's sweep finds nothing of it.
-Another run's labelled container and volume are never touched.
+The one reconcile (``teardown.reconcile_containers``) removes the run's
+compose broker service too, and never another run's containers or volumes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import pytest
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_RUN
 from bounded_query.harness.compose import HARNESS_LABEL
 from bounded_query.harness.events import EventSink
-from bounded_query.harness.reaper import reconcile_run
 from bounded_query.harness.sweep import SweepResult, sweep_stale_roots
+from bounded_query.harness.teardown import reconcile_containers
 
 from tests.harness.reaper_engine import REAP_LIMIT_S, harness_run, kill_and_measure, leftovers
 
@@ -74,7 +75,8 @@ def test_the_engine_reconcile_removes_only_its_run(engine):
                 container.start()
                 made.append(container)
             made.append(engine.volumes.create(f"bq-reaper-test-{run}", labels={LABEL_RUN: run}))
-        assert reconcile_run("unix:///var/run/docker.sock", mine) == (2, 1)
+        # The compose broker service (its own label) and the run's container.
+        assert reconcile_containers("unix:///var/run/docker.sock", mine) == 2
         for label in (LABEL_RUN, HARNESS_LABEL):
             assert engine.containers.list(all=True, filters={"label": f"{label}={mine}"}) == []
             assert (
