@@ -238,6 +238,9 @@ class _AnnouncingBroker:
         self.stopped = True
         return 0
 
+    async def relay_log(self, sink: object) -> None:
+        del sink  # a fake with no output
+
 
 def _announcing(announced, handles):
     async def start(options, paths, env):
