@@ -307,7 +307,7 @@ def parse_seed_map(obj: object) -> SeedMap:
 def encode_config(config: BrokerConfig) -> dict[str, object]:
     """The broker config document for ``config`` (what ``parse_config`` reads back).
 
-    The harness writes it (``harness/outputs.py``) and the broker parses it:
+    The harness writes it (``harness/staging/outputs.py``) and the broker parses it:
     both sides go through this module, so a key exists in one place and
     ``parse_config(encode_config(c)) == c`` for every valid ``c``.
     """

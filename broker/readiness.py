@@ -2,7 +2,7 @@
 
 The broker writes it once it listens, after recovery, reconcile and warming
 (``server.py``); the harness starts the agent only once it exists and then
-reports what it says (``harness/orchestrate.py``). It is one JSON object::
+reports what it says (``harness/lifecycle/orchestrate.py``). It is one JSON object::
 
     {"pid": 1234, "degraded": [{"subsystem": "page-cache pin", "reason": "..."}]}
 

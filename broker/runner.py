@@ -101,7 +101,7 @@ class Invocation:
 
 
 #: The :class:`Degradation` subsystem of the page-cache pin (``sandbox/pagecache.py``):
-#: the channel policy reads it (``harness/channel_policy.py``).
+#: the channel policy reads it (``harness/configuration/channel_policy.py``).
 PAGE_CACHE_PIN = "page-cache pin"
 
 

@@ -367,7 +367,7 @@ class BrokerServer:
         """Halt on a protection lost mid-run, then say so in the readiness file.
 
         The harness reads the file again once the agent is done and reports
-        the loss (``harness/orchestrate.py``); stderr has the precise reason.
+        the loss (``harness/lifecycle/orchestrate.py``); stderr has the precise reason.
         """
         lost = await service.watch_runner()
         announced = self.runner.degradations()

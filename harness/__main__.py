@@ -12,7 +12,7 @@ Subcommands:
 * ``compose --config FILE --out DIR``: stage and write a compose project;
 * ``demo``: the built-in example end to end;
 * ``mcp-config --client claude|copilot|codex|gemini``: print that client's
-  configuration for the ``bounded-query-mcp`` server (``harness/mcp_config.py``).
+  configuration for the ``bounded-query-mcp`` server (``harness/staging/mcp_config.py``).
 
 Exit codes (seed 000 section 5.3): the agent's status for ``run``; 0 success;
 1 run failure; 2 invocation or infrastructure failure (bad configuration,
@@ -31,19 +31,18 @@ from pathlib import Path
 import trio
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
-
-from .agent_spec import (
+from bounded_query.harness.agent.spec import (
     AGENT_NETWORK_DEFAULT,
     DEFAULT_AGENT_UID,
     AgentUser,
     parse_agent_user,
 )
-from .channel_policy import ALLOW_FLAG, REMOVED_FLAG
-from .events import EventSink, append_step_summary
-from .options import EXIT_HARNESS, RunOptions
-from .orchestrate import run
-from .paths import DEFAULT_BASE
-from .reporting import load_reported
+from bounded_query.harness.configuration.channel_policy import ALLOW_FLAG, REMOVED_FLAG
+from bounded_query.harness.lifecycle.options import EXIT_HARNESS, RunOptions
+from bounded_query.harness.lifecycle.orchestrate import run
+from bounded_query.harness.lifecycle.paths import DEFAULT_BASE
+from bounded_query.harness.records.events import EventSink, append_step_summary
+from bounded_query.harness.records.notices import load_reported
 
 __all__ = ["EXIT_HARNESS", "build_parser", "main"]
 
@@ -146,14 +145,14 @@ def _cmd_run(args: argparse.Namespace, sink: EventSink) -> int:
         sink.emit("usage_error", message=str(exc))
         return EXIT_HARNESS
     if args.compose:
-        from .compose import compose_broker_starter
+        from bounded_query.harness.compose.service import compose_broker_starter
 
         return trio.run(run, options, sink, None, compose_broker_starter(args.compose_project))
     return trio.run(run, options, sink)
 
 
 def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
-    from .compose_run import compose_up
+    from bounded_query.harness.compose.project import compose_up
 
     try:
         options = _run_options(args, ("true",))
@@ -164,19 +163,19 @@ def _cmd_compose(args: argparse.Namespace, sink: EventSink) -> int:
 
 
 def _cmd_compose_down(args: argparse.Namespace, sink: EventSink) -> int:
-    from .compose_run import compose_down
+    from bounded_query.harness.compose.project import compose_down
 
     return compose_down(Path(args.out), sink)
 
 
 def _cmd_demo(_args: argparse.Namespace, _sink: EventSink) -> int:
-    from .demo import demo
+    from bounded_query.harness.demo import demo
 
     return demo()
 
 
 def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
-    from .mcp_config import render_mcp_config
+    from bounded_query.harness.staging.mcp_config import render_mcp_config
 
     values = {
         name: value
@@ -192,7 +191,7 @@ def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
 
 
 def _cmd_images(_args: argparse.Namespace, sink: EventSink) -> int:
-    from .images import build_images, recipe_script
+    from bounded_query.harness.configuration.images import build_images, recipe_script
 
     results = build_images()
     for recipe, status in results:
@@ -210,7 +209,7 @@ def _cmd_images(_args: argparse.Namespace, sink: EventSink) -> int:
 
 
 def _cmd_report(args: argparse.Namespace, sink: EventSink) -> int:
-    from .report import load_state, report_document, report_markdown
+    from bounded_query.harness.records.report import load_state, report_document, report_markdown
 
     try:
         state = load_state(Path(args.state))
@@ -257,7 +256,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         " one of them metered) while cross-invocation kernel channels stay open (runc,"
         " no root, or no page-cache pin): reported degraded",
     )
-    # The former name is refused with a hint (harness/channel_policy.py).
+    # The former name is refused with a hint (harness/configuration/channel_policy.py).
     parser.add_argument(REMOVED_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-base", default=str(DEFAULT_BASE), help=argparse.SUPPRESS)
 
@@ -348,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="one JSON document instead")
     report.set_defaults(handler=_cmd_report)
 
-    from .mcp_config import CLIENTS, CONFIG_FILES, SERVER_COMMAND
+    from bounded_query.harness.staging.mcp_config import CLIENTS, CONFIG_FILES, SERVER_COMMAND
 
     mcp = sub.add_parser(
         "mcp-config",

@@ -23,10 +23,9 @@ import tempfile
 from pathlib import Path
 
 import trio
-
-from .events import EventSink
-from .options import RunOptions
-from .orchestrate import run
+from bounded_query.harness.lifecycle.options import RunOptions
+from bounded_query.harness.lifecycle.orchestrate import run
+from bounded_query.harness.records.events import EventSink
 
 __all__ = ["EXAMPLE_DIR", "build_example_repo", "demo"]
 

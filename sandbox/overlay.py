@@ -16,7 +16,7 @@ tree to 65534 and adds owner write bits through an overlay mounted with
 the git index so that ``git status`` need not re-hash every file: queries see
 the view through another mount (other inode numbers; under gVisor the
 gofer's own), so this relies on the seed's ``core.checkStat = minimal``
-(harness/staging.py), which compares only size and mtime seconds, and those
+(harness/staging/seeds.py), which compares only size and mtime seconds, and those
 agree on both runtimes (tests/sandbox/test_git_stat_engine.py). The view
 layer is kept in a Docker-managed volume for the life of the run; each
 invocation's overlay stacks ``view:seed`` as its lower layers.
@@ -25,7 +25,7 @@ Every mount is made by dockerd through the local volume driver (``type=
 overlay``), so the broker needs no mount privilege and the same code works
 when the broker itself runs in a container. Quota: when the harness runs as
 root, the private root's ``work/`` is a tmpfs of half the memory limit
-(harness/quota.py), so the upper layer has a hard quota (ENOSPC); otherwise
+(harness/lifecycle/quota.py), so the upper layer has a hard quota (ENOSPC); otherwise
 it is on the private root's disk, bounded by RLIMIT_FSIZE per file, the PID
 and open-file limits and the wall-clock timeout (the bound spec 14.7
 states), the run is reported degraded, and the writes are deleted with the

@@ -7,11 +7,11 @@ and owner labels. Three callers remove labelled containers, all through
 
 * ``DockerRunner.reconcile`` (``docker_runner.py``): the broker at start and
   shutdown removes every query container of its run;
-* the harness's teardown and ``compose-down`` (``harness/teardown.py``): once
+* the harness's teardown and ``compose-down`` (``harness/lifecycle/teardown.py``): once
   the broker is gone, whatever is left with the run label (queries of a
   broker that died, the agent container);
 * the harness's sweep of agent containers whose harness was killed
-  (``harness/agent.py``), with a ``select`` on the owner label.
+  (``harness/agent/launch.py``), with a ``select`` on the owner label.
 
 Each container is force-removed with its anonymous volumes; a container the
 engine no longer knows counts as removed, and a failed removal is tried once

@@ -27,7 +27,7 @@ as root with CAP_SYS_ADMIN in the compose service, whose view of the
 workspaces directory is an ``rshared`` bind so the mount propagates to the
 engine's host). Without the privilege (EPERM) the workspace stays a plain
 directory on the run-wide quota: the inode counter channel is then open and
-``harness/channel_policy.py`` treats storage as shared.
+``harness/configuration/channel_policy.py`` treats storage as shared.
 
 The result file is read (with the broker's own safe reader) before the
 unmount and, when it is a small regular file, written again into the now

@@ -10,7 +10,7 @@ them; ``tests/protocol/test_policy.py`` ties those copies to this module.
 
 This module lives in the protocol package because that package is copied
 verbatim into the agent's wrapper directory (``bq_protocol/``, see
-``harness/outputs.py``), where ``bounded-query-cost`` reads the budgets. So
+``harness/staging/outputs.py``), where ``bounded-query-cost`` reads the budgets. So
 it is pure and standard-library only, and must run on Python 3.8: no
 ``slots=True`` dataclasses, no ``X | Y`` outside annotations
 (docs/architecture.md "Layout").

@@ -1,7 +1,7 @@
 """What confinement costs at agent start (issue 8): prints a table, asserts nothing.
 
 For each mode, N times: start the agent command ``python3 -c pass`` the way
-``run`` does (``harness/agent.py``) and wait for its exit. Modes: a host
+``run`` does (``harness/agent/launch.py``) and wait for its exit. Modes: a host
 child as root (the old behaviour; ``--unconfined-agent``), a host child as an
 unprivileged uid (``--agent-on-host --agent-user``), and the agent container
 (default; ``bridge`` network, and ``none``). The container needs the engine
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import trio
-from bounded_query.harness.agent import start_container_agent, start_host_agent
-from bounded_query.harness.agent_spec import AgentContainer, AgentUser
+from bounded_query.harness.agent.launch import start_container_agent, start_host_agent
+from bounded_query.harness.agent.spec import AgentContainer, AgentUser
 
 HOST = "unix:///var/run/docker.sock"
 ARGV = ("python3", "-c", "pass")

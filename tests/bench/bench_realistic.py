@@ -10,7 +10,7 @@ once): ``s200`` about 200 files and 6,000 commits; ``m2k`` 2,000 files and
 60,000 commits with about 350 MB of history; ``l5k`` 5,000 files and 20,000
 commits; ``x20k`` a 20,000-file, 200 MB tree. File kinds, imports, symbols
 and sizes look like a Python project's. Each generated repository is then
-staged with the harness's own steps (``harness/staging.py``: ``scrub`` writes
+staged with the harness's own steps (``harness/staging/seeds.py``: ``scrub`` writes
 the seed's minimal ``.git/config``, ``make_read_only`` strips write bits), so
 a change of the seed configuration gives a new cached seed.
 
@@ -20,7 +20,7 @@ clean-tree ``git status``, ``git log`` counts, ``git grep``, the largest
 file, imports, ``git ls-files``, a write into the private copy (new file and
 an edit, then ``git status`` must show both) and an edit that keeps the size
 and restores the mtime (``mtime-restored``: the blind spot of the seed's
-``core.checkStat = minimal``, harness/staging.py; its ``ok`` column tells
+``core.checkStat = minimal``, harness/staging/seeds.py; its ``ok`` column tells
 whether git saw the edit, as it does on the host).
 
 Each question runs on the host (``python3 -I -S`` on a writable checkout of
@@ -60,7 +60,7 @@ from bounded_query.broker.protocol import check_output, parse_schema, policy
 from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.broker.timing import BOUNDARIES_S, choose_boundary
 from bounded_query.broker.workspace import read_result_file, remove_tree
-from bounded_query.harness import staging
+from bounded_query.harness.staging import seeds as staging
 from bounded_query.sandbox import DockerRunner
 from bounded_query.sandbox import docker_runner as docker_runner_module
 from bounded_query.sandbox import spec as spec_module

@@ -261,7 +261,7 @@ async def test_audit_holds_no_request_data(broker):
     assert isinstance(entries[0]["time"], float)
     assert entries[1]["category"] == "invalid-output"
     assert entries[2]["category"] == "repo-not-allowed"
-    from bounded_query.harness.events import schema_path
+    from bounded_query.harness.records.events import schema_path
 
     schema = json.loads(schema_path("bounded-query-audit/v1").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -206,7 +206,7 @@ KILLABLE_HARNESS = r"""
 import os, sys
 from pathlib import Path
 import trio
-from bounded_query.harness.events import EventSink
+from bounded_query.harness.records.events import EventSink
 from bounded_query.harness import RunOptions, run
 
 config, source, base, work = sys.argv[1:5]
@@ -340,7 +340,7 @@ def mounts_under(base: Path) -> list[str]:
 @contextlib.contextmanager
 def mount_safe_base() -> Iterator[Path]:
     """``var_tmp_base`` that also detaches any mount a failed test left below it."""
-    from bounded_query.harness.quota import unmount
+    from bounded_query.harness.lifecycle.quota import unmount
 
     with var_tmp_base() as base:
         try:
@@ -374,7 +374,7 @@ async def run_with_fake_broker(
     import json
 
     from bounded_query.harness import RunOptions, run
-    from bounded_query.harness.events import EventSink
+    from bounded_query.harness.records.events import EventSink
 
     options = RunOptions(
         config_source=str(config),

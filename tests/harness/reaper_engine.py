@@ -1,4 +1,4 @@
-"""A real harness on the real engine, SIGKILLed mid-query or mid-agent (harness/reaper.py).
+"""A real harness on the real engine, SIGKILLed mid-query or mid-agent (``lifecycle/reaper.py``).
 
 Shared by ``test_harness_reaper_engine.py`` (asserts) and
 ``tests/bench/bench_reaper.py`` (prints the times). The harness is the
@@ -37,8 +37,8 @@ from bounded_query.broker.protocol.policy import (
     LABEL_ROLE,
     LABEL_RUN,
 )
-from bounded_query.harness.agent_spec import ROLE_AGENT
-from bounded_query.harness.compose import HARNESS_LABEL
+from bounded_query.harness.agent.spec import ROLE_AGENT
+from bounded_query.harness.compose.service import HARNESS_LABEL
 
 from tests.harness.bq_harness_helpers import make_repo, mounts_under, var_tmp_base, wait_gone
 
@@ -242,7 +242,7 @@ def _cleanup(client: Any, harness: subprocess.Popen[bytes], run: Running | None)
     for volume in volumes.get("Volumes") or ():
         with contextlib.suppress(Exception):
             api.remove_volume(volume["Name"], force=True)
-    from bounded_query.harness.quota import unmount
+    from bounded_query.harness.lifecycle.quota import unmount
 
     for point in sorted(mounts_under(run.base), reverse=True):
         with contextlib.suppress(OSError):

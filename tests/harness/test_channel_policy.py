@@ -1,4 +1,4 @@
-"""The cross-invocation channel policy (harness/channel_policy.py, issue 9) and its hook."""
+"""The cross-invocation channel policy (harness/configuration/channel_policy.py) and its hook."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trio
 from bounded_query.broker.readiness import UNREADABLE, encode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN, Degradation
-from bounded_query.harness.channel_policy import (
+from bounded_query.harness.configuration.channel_policy import (
     ALLOW_FLAG,
     REMOVED_FLAG,
     ChannelDecision,
@@ -18,9 +18,9 @@ from bounded_query.harness.channel_policy import (
     pin_missing,
     shares_host,
 )
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo, Problem
-from bounded_query.harness.paths import run_paths
-from bounded_query.harness.preflight import PreflightInputs, static_problems
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo, Problem
+from bounded_query.harness.configuration.preflight import PreflightInputs, static_problems
+from bounded_query.harness.lifecycle.paths import run_paths
 
 CLASSES = ("public", "internal", "confidential", "sealed")
 
@@ -156,7 +156,7 @@ async def _mixed_run(
     import sys
 
     from bounded_query.harness import RunOptions, run
-    from bounded_query.harness.events import EventSink
+    from bounded_query.harness.records.events import EventSink
 
     from tests.harness.bq_harness_helpers import (
         FAKE_BROKER,
@@ -404,13 +404,13 @@ async def test_a_non_root_harness_says_what_it_lacks(tmp_path, classes, refused)
     the policy reads it as an open channel (a sharing run is refused)."""
     import io
 
-    from bounded_query.harness.channel_policy import NON_ROOT_MISSING
-    from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-    from bounded_query.harness.events import EventSink
-    from bounded_query.harness.options import RunOptions
-    from bounded_query.harness.plan import plan_run
-    from bounded_query.harness.prepare import execute_plan
-    from bounded_query.harness.teardown import RunState, teardown
+    from bounded_query.harness.configuration.channel_policy import NON_ROOT_MISSING
+    from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+    from bounded_query.harness.lifecycle.options import RunOptions
+    from bounded_query.harness.lifecycle.plan import plan_run
+    from bounded_query.harness.lifecycle.prepare import execute_plan
+    from bounded_query.harness.lifecycle.teardown import RunState, teardown
+    from bounded_query.harness.records.events import EventSink
 
     from tests.harness.bq_harness_helpers import make_repo, mount_safe_base
 

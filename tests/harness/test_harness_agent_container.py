@@ -1,4 +1,4 @@
-"""The agent container's lifecycle through ``run`` (issue 8; ``harness/agent.py``).
+"""The agent container's lifecycle through ``run`` (issue 8; ``harness/agent/launch.py``).
 
 Real containers from the built-in agent image, the real broker daemon with
 the fake query runner (no query containers needed): exit status, stdout and
@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness import RunOptions, run
-from bounded_query.harness.agent import sweep_agent_containers
-from bounded_query.harness.agent_spec import ROLE_AGENT
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.sweep import MODE_RUN, OwnerRecord, current_owner
+from bounded_query.harness.agent.launch import sweep_agent_containers
+from bounded_query.harness.agent.spec import ROLE_AGENT
+from bounded_query.harness.lifecycle.sweep import MODE_RUN, OwnerRecord, current_owner
+from bounded_query.harness.records.events import EventSink
 from bounded_query.sandbox.cpus import agent_cpus
 
 from tests.harness.bq_harness_helpers import (

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.agent_spec import (
+from bounded_query.harness.agent.hostcheck import HostCheck, evaluate
+from bounded_query.harness.agent.spec import (
     DEFAULT_AGENT_UID,
     AgentContainer,
     AgentUser,
@@ -21,11 +22,10 @@ from bounded_query.harness.agent_spec import (
     default_agent_user,
     parse_agent_user,
 )
-from bounded_query.harness.config import Problem
-from bounded_query.harness.hostcheck import HostCheck, evaluate
-from bounded_query.harness.options import RunOptions
-from bounded_query.harness.plan import agent_mode_problems
-from bounded_query.harness.tokens import environ_block_bounds
+from bounded_query.harness.configuration.config import Problem
+from bounded_query.harness.lifecycle.options import RunOptions
+from bounded_query.harness.lifecycle.plan import agent_mode_problems
+from bounded_query.harness.staging.tokens import environ_block_bounds
 
 WS = "/var/tmp/ws"
 SOCK = "/var/tmp/awf-bounded-query-ingress-0-abc/run"
@@ -305,7 +305,7 @@ def test_scrub_wipes_the_token_from_the_start_up_environment_block():
     secret = "tok-" + os.urandom(8).hex()
     code = (
         "import os, sys\n"
-        "from bounded_query.harness.tokens import scrub_process_environment\n"
+        "from bounded_query.harness.staging.tokens import scrub_process_environment\n"
         "before = open('/proc/self/environ', 'rb').read()\n"
         "n = scrub_process_environment(['GH_TOKEN', 'GITHUB_TOKEN'])\n"
         "after = open('/proc/self/environ', 'rb').read()\n"

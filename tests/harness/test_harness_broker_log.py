@@ -18,8 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import trio
-from bounded_query.harness import broker_log
-from bounded_query.harness.broker_log import (
+from bounded_query.harness.lifecycle import broker_log
+from bounded_query.harness.lifecycle.broker_log import (
     BROKER_SCHEMA,
     LINE_UNPARSED,
     LINES_DROPPED,
@@ -28,7 +28,7 @@ from bounded_query.harness.broker_log import (
     broker_record,
     relay_broker_log,
 )
-from bounded_query.harness.events import EventSink, schema_path
+from bounded_query.harness.records.events import EventSink, schema_path
 
 from tests.harness.bq_harness_helpers import (
     HARNESS_TESTS_ROOT,

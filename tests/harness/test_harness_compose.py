@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from bounded_query.harness.compose import RECIPE_LABEL, broker_image_context
+from bounded_query.harness.compose.service import RECIPE_LABEL, broker_image_context
 
 
 def fake_wheels(directory: Path) -> Path:
@@ -43,7 +43,7 @@ def test_recipe_changes_with_the_query_image(tmp_path):
 
 
 def test_a_wheel_cache_missing_a_pinned_wheel_is_refilled(tmp_path, monkeypatch):
-    from bounded_query.harness import compose
+    from bounded_query.harness.compose import service as compose
 
     calls: list[tuple[str, ...]] = []
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bounded_query.harness.compose import BROKER_SERVICE, compose_document
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-from bounded_query.harness.paths import RunPaths
+from bounded_query.harness.compose.service import BROKER_SERVICE, compose_document
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.lifecycle.paths import RunPaths
 
 CONFIG = BoundedQueriesConfig(enabled=True, private_repos=(PrivateRepo("octo/a", "internal"),))
 PATHS = RunPaths(Path("/var/tmp/b/awf-bounded-query-private-0-x"), Path("/var/tmp/b/ingress"))

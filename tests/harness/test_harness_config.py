@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.config import (
+from bounded_query.harness.configuration.config import (
     SCHEMA_PATH,
     BoundedQueriesConfig,
     ConfigError,

@@ -25,8 +25,8 @@ import pytest
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.compose import HARNESS_LABEL
-from bounded_query.harness.events import EventSink
+from bounded_query.harness.compose.service import HARNESS_LABEL
+from bounded_query.harness.records.events import EventSink
 
 from tests.harness.bq_harness_helpers import (
     GitHttpServer,
@@ -312,7 +312,7 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
             ).stdout
             assert "AWF_BOUNDED_QUERY_REPOS=octo/alpha" in env
             assert "TOKEN" not in env
-            # The detached project has its workspace quota too (harness/quota.py).
+            # The detached project has its workspace quota too (harness/lifecycle/quota.py).
             work = Path(state["privateRoot"]) / "work"
             assert any(
                 line.split()[4] == str(work) and " - tmpfs " in line
@@ -351,7 +351,7 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
 
 @pytest.mark.parametrize("mode", ["gvisor", "compose"])
 async def test_run_with_gvisor_or_compose_broker(engine, tmp_path, mode):
-    from bounded_query.harness.compose import compose_broker_starter
+    from bounded_query.harness.compose.service import compose_broker_starter
 
     section = {**ALPHA, "runtime": "gvisor"} if mode == "gvisor" else ALPHA
     starter = compose_broker_starter(None) if mode == "compose" else None
@@ -365,7 +365,7 @@ async def test_run_with_gvisor_or_compose_broker(engine, tmp_path, mode):
 
 
 def test_broker_image_without_the_query_image_tells_to_run_make_images(engine, tmp_path):
-    from bounded_query.harness.compose import ComposeError, ensure_broker_image
+    from bounded_query.harness.compose.service import ComposeError, ensure_broker_image
 
     host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     with pytest.raises(ComposeError, match="make images"):
@@ -374,7 +374,11 @@ def test_broker_image_without_the_query_image_tells_to_run_make_images(engine, t
 
 
 def test_broker_image_build_is_idempotent(engine):
-    from bounded_query.harness.compose import BROKER_IMAGE, RECIPE_LABEL, ensure_broker_image
+    from bounded_query.harness.compose.service import (
+        BROKER_IMAGE,
+        RECIPE_LABEL,
+        ensure_broker_image,
+    )
 
     host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     recipe = ensure_broker_image(host)

@@ -20,7 +20,12 @@ from pathlib import Path
 import pytest
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.images import RECIPES, build_images, missing_hint, recipe_script
+from bounded_query.harness.configuration.images import (
+    RECIPES,
+    build_images,
+    missing_hint,
+    recipe_script,
+)
 
 from tests.conftest import require_engine
 
@@ -36,7 +41,7 @@ def test_every_recipe_ships_with_the_package():
 
 
 def test_a_missing_recipe_is_a_broken_installation(tmp_path):
-    from bounded_query.harness.images import ImageRecipe
+    from bounded_query.harness.configuration.images import ImageRecipe
 
     ghost = ImageRecipe("ghost:latest", "no-such-dir/build.sh", "ghost image")
     assert build_images([ghost, *RECIPES]) == [(ghost, 127)], "stops at the first failure"

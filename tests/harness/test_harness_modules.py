@@ -12,7 +12,7 @@ import importlib.util
 
 import bounded_query.harness as harness
 import pytest
-from bounded_query.harness.orchestrate import run as orchestrate_run
+from bounded_query.harness.lifecycle.orchestrate import run as orchestrate_run
 
 
 @pytest.mark.parametrize("name", harness.__all__)

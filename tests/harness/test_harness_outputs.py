@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from bounded_query.broker import protocol
 from bounded_query.broker.config import parse_config, parse_seed_map
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-from bounded_query.harness.outputs import (
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.lifecycle.paths import run_paths
+from bounded_query.harness.staging.outputs import (
     broker_config_doc,
     remove_roots,
     seed_map_doc,
     write_agent_side,
     write_json_private,
 )
-from bounded_query.harness.paths import run_paths
-from bounded_query.harness.skill import EXAMPLES, charge_of, render_skill
-from bounded_query.harness.staging import StagedSeed, create_private_root
+from bounded_query.harness.staging.seeds import StagedSeed, create_private_root
+from bounded_query.harness.staging.skill import EXAMPLES, charge_of, render_skill
 
 from tests.harness.bq_harness_helpers import var_tmp_base
 

@@ -1,4 +1,4 @@
-"""The pure planning of a run (harness/plan.py): no engine, no file system, no trio.
+"""The pure planning of a run (harness/lifecycle/plan.py): no engine, no file system, no trio.
 
 * ``plan_run``: the roots, the Docker host, what the agent can see, what is
   staged, the channel decision and the broker configuration, from the
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IMAGE
-from bounded_query.harness.agent_spec import DEFAULT_AGENT_UID, AgentUser
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-from bounded_query.harness.options import RunOptions
-from bounded_query.harness.paths import INGRESS_PREFIX, PRIVATE_PREFIX, run_paths
-from bounded_query.harness.plan import (
+from bounded_query.harness.agent.spec import DEFAULT_AGENT_UID, AgentUser
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.lifecycle.options import RunOptions
+from bounded_query.harness.lifecycle.paths import INGRESS_PREFIX, PRIVATE_PREFIX, run_paths
+from bounded_query.harness.lifecycle.plan import (
     TeardownPlan,
     choose_agent_user,
     final_status,
@@ -27,7 +27,7 @@ from bounded_query.harness.plan import (
     plan_teardown,
     summary_kind,
 )
-from bounded_query.harness.sweep import MODE_COMPOSE, MODE_RUN
+from bounded_query.harness.lifecycle.sweep import MODE_COMPOSE, MODE_RUN
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 CONFIG = BoundedQueriesConfig(

@@ -7,18 +7,18 @@ import socket
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-from bounded_query.harness.paths import (
-    overlap_problems,
-    overlaps,
-    resolve_through_ancestor,
-    run_paths,
-)
-from bounded_query.harness.preflight import (
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.configuration.preflight import (
     PreflightInputs,
     runtime_problems,
     staging_token,
     static_problems,
+)
+from bounded_query.harness.lifecycle.paths import (
+    overlap_problems,
+    overlaps,
+    resolve_through_ancestor,
+    run_paths,
 )
 
 REPOS = (PrivateRepo("octo/alpha", "internal"), PrivateRepo("octo/beta", "public"))

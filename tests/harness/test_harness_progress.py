@@ -14,7 +14,12 @@ from bounded_query.broker.audit import (
     parse_line,
     truncation_marker,
 )
-from bounded_query.harness.progress import AuditFollower, follow_audit, human_line, read_inline
+from bounded_query.harness.records.progress import (
+    AuditFollower,
+    follow_audit,
+    human_line,
+    read_inline,
+)
 
 
 def _record(line: bytes) -> AuditLine:

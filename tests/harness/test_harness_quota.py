@@ -1,4 +1,4 @@
-"""The workspace quota tmpfs (harness/quota.py) and the broker's parent-death signal.
+"""The workspace quota tmpfs (harness/lifecycle/quota.py) and the broker's parent-death signal.
 
 * Pure sizing, and the degraded path (a mount that cannot be made is
   reported, never fatal).
@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 import trio
 from bounded_query.harness import RunOptions, run
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.quota import (
+from bounded_query.harness.lifecycle.quota import (
     WORK_QUOTA_MIN_BYTES,
     WorkQuota,
     mount_tmpfs,
@@ -37,7 +36,8 @@ from bounded_query.harness.quota import (
     work_quota,
     work_quota_bytes,
 )
-from bounded_query.harness.summary import render_summary, usage_from_state
+from bounded_query.harness.records.events import EventSink
+from bounded_query.harness.records.usage import render_summary, usage_from_state
 
 from tests.harness.bq_harness_helpers import (
     HOST_AGENT,
@@ -321,7 +321,7 @@ async def test_query_past_the_quota_gets_enospc_and_the_broker_keeps_serving(
     docker_client, tmp_path, mode
 ):
     """``compose``: the broker container sees the host tmpfs through its recursive bind."""
-    from bounded_query.harness.compose import compose_broker_starter
+    from bounded_query.harness.compose.service import compose_broker_starter
 
     runtime = "docker" if mode == "compose" else mode
     starter = compose_broker_starter(None) if mode == "compose" else None

@@ -1,4 +1,4 @@
-"""wait_ready (harness/orchestrate.py): the broker's readiness file and what it announces.
+"""wait_ready (harness/lifecycle/orchestrate.py): the broker's readiness file and what it announces.
 
 Every protection the broker says it could not set up becomes a ``degraded``
 event (and so a line of the step summary) before the agent starts; a file
@@ -14,9 +14,9 @@ import os
 import trio
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.orchestrate import wait_ready
-from bounded_query.harness.paths import RunPaths
+from bounded_query.harness.lifecycle.orchestrate import wait_ready
+from bounded_query.harness.lifecycle.paths import RunPaths
+from bounded_query.harness.records.events import EventSink
 
 
 class Broker:

@@ -1,4 +1,4 @@
-"""The reaper: a run's resources die with its harness (harness/reaper.py; issue 21).
+"""The reaper: a run's resources die with its harness (harness/lifecycle/reaper.py; issue 21).
 
 * Messages: every message round-trips; anything else raises our own error
   only (whole and fuzzed); the arm message accepts a pair of run roots only.
@@ -30,9 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.outputs import create_ingress_root
-from bounded_query.harness.paths import run_paths
-from bounded_query.harness.reaper import (
+from bounded_query.harness.lifecycle.paths import run_paths
+from bounded_query.harness.lifecycle.reaper import (
     KEPT_CAPABILITIES,
     Arm,
     Done,
@@ -42,8 +41,9 @@ from bounded_query.harness.reaper import (
     reap,
     start_reaper,
 )
-from bounded_query.harness.staging import create_private_root
-from bounded_query.harness.sweep import MODE_RUN, current_owner, write_owner_record
+from bounded_query.harness.lifecycle.sweep import MODE_RUN, current_owner, write_owner_record
+from bounded_query.harness.staging.outputs import create_ingress_root
+from bounded_query.harness.staging.seeds import create_private_root
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -270,7 +270,7 @@ DRIVER = r"""
 import sys
 from pathlib import Path
 import trio
-from bounded_query.harness.events import EventSink
+from bounded_query.harness.records.events import EventSink
 from bounded_query.harness import RunOptions, run
 
 config, source, base, work, seconds = sys.argv[1:6]
@@ -394,7 +394,7 @@ def test_the_reaper_holds_no_secret_no_lock_and_its_own_session(tmp_path):
             b"LC_ALL",
             b"TZ",
         }
-        assert cmdline[1:4] == [b"-I", b"-m", b"bounded_query.harness.reaper"]
+        assert cmdline[1:4] == [b"-I", b"-m", b"bounded_query.harness.lifecycle.reaper"]
         assert len(cmdline) == 5
         assert cmdline[4].isdigit()
         assert TOKEN.encode() not in Path(f"/proc/{pids['harness']}/environ").read_bytes()

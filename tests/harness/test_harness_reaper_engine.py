@@ -1,4 +1,4 @@
-"""The reaper on the real engine (harness/reaper.py; issue 21).
+"""The reaper on the real engine (harness/lifecycle/reaper.py; issue 21).
 
 A real ``bounded-query-harness run`` (the real broker on runc, the agent in
 its container) is SIGKILLed -- the harness process alone, as an OOM killer
@@ -6,7 +6,7 @@ or ``kill -9`` would -- while a query container runs, and while the agent
 runs with no query in flight. Within :data:`REAP_LIMIT_S` no container,
 volume, root, mount or broker process of that run is left, the reaper
 reported what it did, and the next run's sweep finds nothing of it.
-The one reconcile (``teardown.reconcile_containers``) removes the run's
+The one reconcile (``reconcile.reconcile_containers``) removes the run's
 compose broker service too, and never another run's containers or volumes.
 """
 
@@ -19,10 +19,10 @@ import secrets
 
 import pytest
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_RUN
-from bounded_query.harness.compose import HARNESS_LABEL
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.sweep import SweepResult, sweep_stale_roots
-from bounded_query.harness.teardown import reconcile_containers
+from bounded_query.harness.compose.service import HARNESS_LABEL
+from bounded_query.harness.lifecycle.reconcile import reconcile_containers
+from bounded_query.harness.lifecycle.sweep import SweepResult, sweep_stale_roots
+from bounded_query.harness.records.events import EventSink
 
 from tests.harness.reaper_engine import REAP_LIMIT_S, harness_run, kill_and_measure, leftovers
 

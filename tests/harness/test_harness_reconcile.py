@@ -6,7 +6,7 @@
   propagates before anything is removed.
 * ``remove_labelled_volumes`` against a fake: exactly the labelled volumes
   go, failed attempts are retried (the runner's remove_volume), three are reported.
-* ``teardown.reconcile_containers`` on the real engine: exactly the
+* ``reconcile.reconcile_containers`` on the real engine: exactly the
   containers of its run id go, running or not, then the volumes of its run
   id (what a killed broker leaves); another run's stay.
 """
@@ -19,7 +19,7 @@ import os
 import docker.errors
 import pytest
 from bounded_query.broker.protocol.policy import LABEL_RUN
-from bounded_query.harness.teardown import reconcile_containers
+from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.sandbox.reconcile import (
     Removal,
     remove_container,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from bounded_query.harness.events import EVENT_SCHEMA, EventSink, schema_path
+from bounded_query.harness.records.events import EVENT_SCHEMA, EventSink, schema_path
 
 
 def _validator() -> jsonschema.Draft202012Validator:

@@ -6,9 +6,9 @@ import json
 
 import jsonschema
 import pytest
-from bounded_query.harness.events import schema_path
-from bounded_query.harness.paths import RunPaths
-from bounded_query.harness.report import (
+from bounded_query.harness.lifecycle.paths import RunPaths
+from bounded_query.harness.records.events import schema_path
+from bounded_query.harness.records.report import (
     REPORT_SCHEMA,
     load_state,
     report_document,

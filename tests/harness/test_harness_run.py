@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 from bounded_query.harness import RunOptions, run
-from bounded_query.harness.events import EventSink
+from bounded_query.harness.records.events import EventSink
 
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
@@ -358,7 +358,7 @@ async def test_an_agent_ignoring_the_signal_is_stopped_after_the_grace(setup):
 HARNESS_PROCESS = """
 import sys, trio
 from pathlib import Path
-from bounded_query.harness.events import EventSink
+from bounded_query.harness.records.events import EventSink
 from bounded_query.harness import RunOptions, run
 config, source, workspace, base, marker = sys.argv[1:6]
 options = RunOptions(
@@ -464,8 +464,8 @@ sys.exit(0 if (first, second) == ('{"status":"ok","result":true}\n', '{"status":
 async def test_no_record_holds_a_script_an_output_a_host_path_or_a_token(setup):
     """Issue 14 item 1: scan every record of a run that used distinctive strings."""
     import jsonschema
-    from bounded_query.harness.events import schema_path
-    from bounded_query.harness.report import load_state, report_document
+    from bounded_query.harness.records.events import schema_path
+    from bounded_query.harness.records.report import load_state, report_document
 
     agent = setup["tmp"] / "records_agent.py"
     agent.write_text(RECORDS_AGENT)

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.config import PrivateRepo
-from bounded_query.harness.paths import run_paths
-from bounded_query.harness.staging import (
+from bounded_query.harness.configuration.config import PrivateRepo
+from bounded_query.harness.lifecycle.paths import run_paths
+from bounded_query.harness.staging.seeds import (
     SeedSpec,
     StagingError,
     askpass_script,

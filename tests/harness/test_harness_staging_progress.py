@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import secrets
 
-from bounded_query.harness.config import PrivateRepo
-from bounded_query.harness.paths import run_paths
-from bounded_query.harness.staging import SeedSpec, create_private_root, stage_seeds
+from bounded_query.harness.configuration.config import PrivateRepo
+from bounded_query.harness.lifecycle.paths import run_paths
+from bounded_query.harness.staging.seeds import SeedSpec, create_private_root, stage_seeds
 
 from tests.harness.bq_harness_helpers import git, make_repo, var_tmp_base
 

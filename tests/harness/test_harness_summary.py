@@ -10,13 +10,13 @@ import pytest
 from bounded_query.broker.audit import AuditRecord, RefusalSummary, format_record, format_summary
 from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, Record, encode_record
 from bounded_query.harness.__main__ import UsageError, main, parse_seed_sources
-from bounded_query.harness.child import broker_environment
-from bounded_query.harness.config import BoundedQueriesConfig, PrivateRepo
-from bounded_query.harness.events import EventSink, append_step_summary
-from bounded_query.harness.paths import RunPaths
-from bounded_query.harness.preflight import PreflightInputs, static_problems
-from bounded_query.harness.summary import render_summary, usage_from_state
-from bounded_query.harness.supervise import agent_environment
+from bounded_query.harness.agent.supervise import agent_environment
+from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.configuration.preflight import PreflightInputs, static_problems
+from bounded_query.harness.lifecycle.broker_child import broker_environment
+from bounded_query.harness.lifecycle.paths import RunPaths
+from bounded_query.harness.records.events import EventSink, append_step_summary
+from bounded_query.harness.records.usage import render_summary, usage_from_state
 
 REPOS = [("octo/alpha", "internal"), ("octo/docs", "public"), ("octo/vault", "sealed")]
 

@@ -1,4 +1,4 @@
-"""The step summary folds the journal with the broker's own ledger (harness/summary.py).
+"""The step summary folds the journal with the broker's own ledger (harness/records/usage.py).
 
 A real in-process broker (scripted runner) answers a mix of launches and
 refusals; the summary read from its journal and audit files must report
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 from bounded_query.broker.journal import Admitted, Debit, Header, Launched, Record, encode_record
-from bounded_query.harness.summary import render_summary, usage_from_state
+from bounded_query.harness.records.usage import render_summary, usage_from_state
 
 from tests.broker.conftest import serving
 from tests.broker.helpers import REPOS, exchange, make_root, request_bytes

@@ -1,4 +1,4 @@
-"""The sweep of roots left by a killed harness (harness/sweep.py).
+"""The sweep of roots left by a killed harness (harness/lifecycle/sweep.py).
 
 * Owner records: written at root creation (0600, mode ``run`` or
   ``compose``), read without following symlinks.
@@ -28,13 +28,10 @@ import time
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.events import EventSink
-from bounded_query.harness.options import RunOptions
-from bounded_query.harness.outputs import create_ingress_root
-from bounded_query.harness.paths import RunPaths, run_paths
-from bounded_query.harness.quota import WorkQuota, mount_tmpfs
-from bounded_query.harness.staging import create_private_root
-from bounded_query.harness.sweep import (
+from bounded_query.harness.lifecycle.options import RunOptions
+from bounded_query.harness.lifecycle.paths import RunPaths, run_paths
+from bounded_query.harness.lifecycle.quota import WorkQuota, mount_tmpfs
+from bounded_query.harness.lifecycle.sweep import (
     MODE_COMPOSE,
     MODE_RUN,
     OWNER_RECORD,
@@ -46,6 +43,9 @@ from bounded_query.harness.sweep import (
     sweep_stale_roots,
     write_owner_record,
 )
+from bounded_query.harness.records.events import EventSink
+from bounded_query.harness.staging.outputs import create_ingress_root
+from bounded_query.harness.staging.seeds import create_private_root
 
 from tests.harness.bq_harness_helpers import (
     killable_harness,
@@ -370,7 +370,7 @@ def test_the_run_id_round_trips_and_a_hostile_one_is_refused(run_id):
 @pytest.mark.engine
 def test_sweep_removes_the_dead_runs_query_containers_and_volumes(docker_client):
     from bounded_query.broker.protocol.policy import LABEL_RUN
-    from bounded_query.harness.teardown import reconcile_containers
+    from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 
     dead_run, other_run = secrets.token_hex(16), secrets.token_hex(16)
     made_containers, made_volumes = [], []
@@ -476,9 +476,9 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path, fake_e
 
 
 async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path, fake_engine):
-    from bounded_query.harness.outputs import remove_roots
-    from bounded_query.harness.prepare import prepare
-    from bounded_query.harness.reporting import load_reported
+    from bounded_query.harness.lifecycle.prepare import prepare
+    from bounded_query.harness.records.notices import load_reported
+    from bounded_query.harness.staging.outputs import remove_roots
 
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})

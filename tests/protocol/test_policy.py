@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from bounded_query.broker import runner
 from bounded_query.broker.protocol import MAX_SLUG_CHARS, TIMING_BUCKETS_MS, is_valid_slug, policy
-from bounded_query.harness import config as harness_config
-from bounded_query.harness.skill import render_skill
+from bounded_query.harness.configuration import config as harness_config
+from bounded_query.harness.staging.skill import render_skill
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
 from jsonschema import Draft202012Validator

@@ -22,7 +22,7 @@ systems number inodes from one global counter; nothing in a container can
 reset it). There the test asserts the channel policy instead: a run in which
 more than one repository runs queries (here public and confidential) is
 refused on runc unless the operator accepts it degraded
-(harness/channel_policy.py; the attack between two metered repositories is
+(harness/configuration/channel_policy.py; the attack between two metered repositories is
 tests/sandbox/test_budget_channel_engine.py).
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import trio
 from bounded_query.broker.workspace import remove_tree
-from bounded_query.harness.channel_policy import channel_decision
+from bounded_query.harness.configuration.channel_policy import channel_decision
 from bounded_query.sandbox import DockerRunner
 from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
 

@@ -12,7 +12,7 @@ git what it sees. Two properties, both runtimes:
   size (one with its mtime set back to another second), a new file, a
   deletion and a mode change all show in ``git status``. (An edit that keeps
   the size and restores the exact mtime second is the documented blind spot
-  of ``core.checkStat = minimal``, harness/staging.py; the benchmark's
+  of ``core.checkStat = minimal``, harness/staging/seeds.py; the benchmark's
   ``mtime-restored`` question shows it.)
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bounded_query.harness import staging
+from bounded_query.harness.staging import seeds as staging
 from bounded_query.sandbox import DockerRunner
 
 from tests.sandbox.helpers import (

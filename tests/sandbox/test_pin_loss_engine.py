@@ -83,7 +83,11 @@ async def test_a_pin_that_cannot_start_refuses_a_sharing_run(engine, seed, tmp_p
     """The pin's name is taken (created outside the run, so reconcile leaves it): the pin
     cannot start, the broker announces it, and the channel policy refuses a run of two
     metered repositories even on gVisor as root, unless the operator accepts it."""
-    from bounded_query.harness.channel_policy import ALLOW_FLAG, channel_decision, pin_missing
+    from bounded_query.harness.configuration.channel_policy import (
+        ALLOW_FLAG,
+        channel_decision,
+        pin_missing,
+    )
 
     from tests.sandbox.helpers import IMAGE
 

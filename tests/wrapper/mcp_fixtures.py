@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bounded_query.harness.outputs import install_wrapper_dir
+from bounded_query.harness.staging.outputs import install_wrapper_dir
 
 from tests.wrapper.fakes import DEADLINE_ENV, REPO_ROOT, SOCKET_ENV
 
