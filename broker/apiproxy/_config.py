@@ -174,7 +174,8 @@ def parse_upstream_url(url: object, *, allow_insecure: bool) -> Upstream:
         raise ConfigError("upstream.url: http:// needs upstream.allowInsecure: true")
     slash = rest.find("/")
     authority, base_path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
-    if base_path and (base_path.endswith("/") or not _BASE_PATH.fullmatch(base_path)):
+    dots = any(segment in (".", "..") for segment in base_path.split("/"))
+    if base_path and (base_path.endswith("/") or dots or not _BASE_PATH.fullmatch(base_path)):
         raise ConfigError("upstream.url: malformed base path")
     host, port = authority, _DEFAULT_PORTS[scheme]
     if authority.startswith("["):

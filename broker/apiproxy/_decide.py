@@ -315,8 +315,8 @@ def _strip_tools(body: dict[str, object], route: Route) -> int:
         if name in body:
             del body[name]
             stripped += 1
-    tools = body.get(route.tools_field)
-    if tools is not None:
+    if route.tools_field in body:
+        tools = body[route.tools_field]
         if not isinstance(tools, list):
             raise _Refused(400, "tools")
         kept: list[object] = []
@@ -336,8 +336,8 @@ def _strip_tools(body: dict[str, object], route: Route) -> int:
             body[route.tools_field] = kept
         else:
             del body[route.tools_field]
-    if route.tool_choice_field is not None:
-        choice = body.get(route.tool_choice_field)
+    if route.tool_choice_field is not None and route.tool_choice_field in body:
+        choice = body[route.tool_choice_field]
         if isinstance(choice, dict):
             kind = choice.get("type")
             if kind not in route.tool_choice_kinds:
@@ -345,7 +345,7 @@ def _strip_tools(body: dict[str, object], route: Route) -> int:
         elif isinstance(choice, str):
             if choice not in route.tool_choice_kinds:
                 raise _Refused(400, "tool-choice")
-        elif choice is not None:
+        else:
             raise _Refused(400, "tool-choice")
     return stripped
 
