@@ -15,12 +15,15 @@ can assert exactly what reached the "provider". The answer is chosen by
   (a provider echoing a key in an error message);
 * ``"hold"``: a stream head and one event, then wait for ``release`` (a
   long generation, for disarm-while-streaming);
-* ``"huge"``: ``huge_bytes`` of SSE comments (a runaway response).
+* ``"huge"``: ``huge_bytes`` of SSE comments (a runaway response);
+* ``"scripted"``: the SSE events ``script(recorded)`` returns (a provider
+  that answers by what the conversation contains).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import h11
@@ -78,6 +81,39 @@ def anthropic_events(text: str = "hello", input_tokens: int = 12, output_tokens:
     return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
 
+def anthropic_tool_use_events(name: str, tool_input: dict, tool_id: str = "toolu_1") -> list:
+    """An Anthropic stream whose answer is one tool call (stop_reason tool_use)."""
+    message = {
+        "id": "msg_tool",
+        "type": "message",
+        "role": "assistant",
+        "content": [],
+        "model": "m",
+        "usage": {"input_tokens": 30, "output_tokens": 1},
+    }
+    block = {"type": "tool_use", "id": tool_id, "name": name, "input": {}}
+    delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
+    events = [
+        ("message_start", {"type": "message_start", "message": message}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use"},
+                "usage": {"output_tokens": 9},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
+
+
 @dataclass
 class FakeUpstream:
     mode: str = "sse"
@@ -89,6 +125,7 @@ class FakeUpstream:
     release: trio.Event = field(default_factory=trio.Event)
     streaming: trio.Event = field(default_factory=trio.Event)
     port: int = 0
+    script: Callable[[Recorded], list[bytes]] | None = None
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -190,6 +227,10 @@ class FakeUpstream:
             while sent < self.huge_bytes:
                 await send(conn, stream, h11.Data(data=piece))
                 sent += len(piece)
+        elif self.mode == "scripted":
+            assert self.script is not None
+            for event in self.script(recorded):
+                await send(conn, stream, h11.Data(data=event))
         else:
             for event in anthropic_events():
                 await send(conn, stream, h11.Data(data=event))
