@@ -9,6 +9,7 @@ explained in the usage log (never with the credential or a body).
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import trio
@@ -558,3 +559,49 @@ async def test_openai_chat_route_for_copilot(tmp_path):
 
 def test_model_constant_is_what_the_helpers_send():
     assert json.loads(anthropic_body())["model"] == MODEL
+
+
+async def _drip(port: int, data: bytes) -> bytes:
+    """Send ``data`` one byte per write (each a separate TCP segment), read to close."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one byte per segment
+    received = bytearray()
+    with trio.fail_after(30):
+        try:
+            for i in range(len(data)):
+                await stream.send_all(data[i : i + 1])
+        except trio.BrokenResourceError:
+            pass
+        while part := await stream.receive_some(65536):
+            received += part
+    await stream.aclose()
+    return bytes(received)
+
+
+async def test_a_request_dripped_one_byte_at_a_time_is_framed_the_same(tmp_path):
+    async with running_proxy(tmp_path) as run:
+        _, placeholder = await run.arm()
+        response = await _drip(run.port, request_bytes(run.port, placeholder, anthropic_body()))
+        assert status_of(response) == 200
+        (seen,) = run.upstream.requests
+        assert seen.json()["model"] == MODEL
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00" * 64 + b"\r\n\r\n",
+        b"POST /v1/messages HTTP/1.1\r\n" + b"x-a: " + b"b" * 9000 + b"\r\n\r\n",
+        b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: h\r\ncontent-length: -1\r\n\r\n",
+        b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: h\r\ncontent-length: 1x\r\n\r\n",
+        b"\xff\xfe POST / HTTP/1.1\r\n\r\n",
+    ],
+)
+async def test_garbage_whole_or_dripped_gets_a_4xx_and_the_proxy_keeps_serving(tmp_path, garbage):
+    async with running_proxy(tmp_path) as run:
+        _, placeholder = await run.arm()
+        for send in (raw_exchange, _drip):
+            response = await send(run.port, garbage)
+            assert 400 <= status_of(response) <= 499
+        assert run.upstream.requests == []
+        assert status_of(await run.post(placeholder)) == 200
