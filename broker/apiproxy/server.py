@@ -183,6 +183,11 @@ class ApiProxy:
         #: The TCP port actually bound (useful with ``listen.port`` 0).
         self.port: int | None = None
 
+    @property
+    def active(self) -> int:
+        """Client connections holding a slot of the connection cap right now."""
+        return int(self._slots.borrowed_tokens)
+
     def stop(self) -> None:
         """Begin a stop (idempotent)."""
         self._stop.set()
@@ -197,7 +202,12 @@ class ApiProxy:
         listeners = await trio.open_tcp_listeners(
             config.listen_port, host=config.listen_host, backlog=LISTEN_BACKLOG
         )
-        control_sock = _bind_control(config.control_socket)
+        try:
+            control_sock = _bind_control(config.control_socket)
+        except BaseException:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+            raise
         control = trio.SocketListener(trio.socket.from_stdlib_socket(control_sock))
         self.port = int(listeners[0].socket.getsockname()[1])
         try:

@@ -16,6 +16,7 @@ can assert exactly what reached the "provider". The answer is chosen by
 * ``"hold"``: a stream head and one event, then wait for ``release`` (a
   long generation, for disarm-while-streaming);
 * ``"huge"``: ``huge_bytes`` of SSE comments (a runaway response);
+* ``"silent"``: nothing at all until ``release`` (a provider that hangs);
 * ``"scripted"``: the SSE events ``script(recorded)`` returns (a provider
   that answers by what the conversation contains).
 """
@@ -183,6 +184,10 @@ class FakeUpstream:
 
     async def _answer(self, conn, stream, recorded: Recorded) -> None:
         send = self._send
+        if self.mode == "silent":
+            self.streaming.set()
+            await self.release.wait()
+            return
         if self.mode == "redirect":
             headers = [("location", self.redirect_to), ("content-length", "0")]
             await send(conn, stream, h11.Response(status_code=307, headers=headers))

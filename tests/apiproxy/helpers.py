@@ -178,13 +178,19 @@ class Running:
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    tmp: Path, upstream: FakeUpstream | None = None, **overrides: object
+    tmp: Path, upstream: FakeUpstream | str | None = None, **overrides: object
 ) -> AsyncIterator[Running]:
-    upstream = upstream or FakeUpstream()
+    """A proxy in front of ``upstream`` (a fake, started here, or a URL: nothing there)."""
+    url = upstream if isinstance(upstream, str) else None
+    fake = FakeUpstream() if upstream is None or url is not None else upstream
+    assert isinstance(fake, FakeUpstream)
     async with trio.open_nursery() as nursery:
-        await nursery.start(upstream.serve)
+        if url is None:
+            await nursery.start(fake.serve)
+            url = fake.url
+        upstream = fake
         port = free_port()
-        config = parse_config(config_doc(tmp, upstream.url, port, **overrides))
+        config = parse_config(config_doc(tmp, url, port, **overrides))
         usage = UsageLog(config.usage_path)
         proxy = ApiProxy(config, CREDENTIAL, usage)
         bound = await nursery.start(proxy.serve)

@@ -605,3 +605,67 @@ async def test_garbage_whole_or_dripped_gets_a_4xx_and_the_proxy_keeps_serving(t
             assert 400 <= status_of(response) <= 499
         assert run.upstream.requests == []
         assert status_of(await run.post(placeholder)) == 200
+
+
+async def test_an_unreachable_upstream_is_a_502_and_still_counts(tmp_path):
+    from tests.apiproxy.helpers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with running_proxy(tmp_path, upstream=dead) as run:
+        _, placeholder = await run.arm()
+        response = await run.post(placeholder)
+        assert status_of(response) == 502
+        assert b"upstream error" in response
+        assert _last_category(run) == "upstream-error"
+        _, doc = await control(run.config.control_socket, b"GET", b"/status")
+        assert doc["requestsUsed"] == 1
+
+
+async def test_a_silent_upstream_is_a_504_at_the_response_timeout(tmp_path):
+    upstream = FakeUpstream(mode="silent")
+    async with running_proxy(tmp_path, upstream, responseTimeout=0.5) as run:
+        _, placeholder = await run.arm()
+        response = await run.post(placeholder)
+        assert status_of(response) == 504
+        assert _last_category(run) == "upstream-timeout"
+
+
+async def test_a_stream_past_the_response_timeout_is_cut(tmp_path):
+    upstream = FakeUpstream(mode="hold")
+    async with running_proxy(tmp_path, upstream, responseTimeout=0.5) as run:
+        _, placeholder = await run.arm()
+        response = await run.post(placeholder)
+        assert status_of(response) == 200
+        assert not response.endswith(b"0\r\n\r\n")
+        record = decode_record(run.usage_lines()[-1])
+        assert (record.status, record.category) == (200, "upstream-timeout")
+
+
+async def test_connections_past_the_cap_get_a_503_at_once(tmp_path):
+    from bounded_query.broker.apiproxy._limits import CONNECTION_CAP
+
+    async with running_proxy(tmp_path) as run:
+        idle = [await trio.open_tcp_stream("127.0.0.1", run.port) for _ in range(CONNECTION_CAP)]
+        with trio.fail_after(5):
+            # Real sockets: poll until the proxy has accepted them all.
+            while run.proxy.active < CONNECTION_CAP:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        try:
+            with trio.fail_after(3):
+                response = await raw_exchange(run.port, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert status_of(response) == 503
+            assert _last_category(run) == "connection-cap"
+        finally:
+            for stream in idle:
+                await stream.aclose()
+
+
+async def test_a_control_directory_others_can_enter_stops_the_start(tmp_path):
+    import os
+
+    (tmp_path / "control").mkdir(mode=0o755)
+    os.chmod(tmp_path / "control", 0o755)
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with running_proxy(tmp_path):
+            pass
+    assert raised.group_contains(OSError, match="0700")
