@@ -337,8 +337,11 @@ class ApiProxy:
         outcome.status, outcome.category = status, "upstream-truncated"
         outcome.answered = True
         await stream.send_all(stream_head(status, content_type_bytes))
+        # Decoded bytes: a provider that compresses although asked for identity
+        # still reaches the client readable (no content-encoding is passed on),
+        # and the bound counts what is sent, so a compression bomb stops there.
         # aclosing: leaving early (the bound, a cancel) closes httpx2's generators now.
-        async with contextlib.aclosing(response.aiter_raw()) as pieces:
+        async with contextlib.aclosing(response.aiter_bytes()) as pieces:
             async for data in pieces:
                 if not data:
                     continue

@@ -23,6 +23,7 @@ can assert exactly what reached the "provider". The answer is chosen by
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ class FakeUpstream:
     streaming: trio.Event = field(default_factory=trio.Event)
     port: int = 0
     script: Callable[[Recorded], list[bytes]] | None = None
+    #: ``"json"`` mode: compress the body although the proxy asked for identity.
+    gzip: bool = False
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -215,7 +218,11 @@ class FakeUpstream:
                     "usage": {"prompt_tokens": 21, "completion_tokens": 3},
                 }
             ).encode()
-            headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+            headers = [("content-type", "application/json")]
+            if self.gzip:
+                body = gzip.compress(body)
+                headers.append(("content-encoding", "gzip"))
+            headers.append(("content-length", str(len(body))))
             await send(conn, stream, h11.Response(status_code=200, headers=headers))
             await send(conn, stream, h11.Data(data=body))
             await send(conn, stream, h11.EndOfMessage())

@@ -669,3 +669,15 @@ async def test_a_control_directory_others_can_enter_stops_the_start(tmp_path):
         async with running_proxy(tmp_path):
             pass
     assert raised.group_contains(OSError, match="0700")
+
+
+async def test_a_compressed_answer_reaches_the_client_decoded(tmp_path):
+    upstream = FakeUpstream(mode="json", gzip=True)
+    async with running_proxy(tmp_path, upstream) as run:
+        _, placeholder = await run.arm()
+        response = await run.post(placeholder)
+        assert status_of(response) == 200
+        assert b'"content": "hi"' in response
+        assert b"content-encoding" not in response.lower()
+        record = decode_record(run.usage_lines()[-1])
+        assert (record.input_tokens, record.output_tokens) == (21, 3)
