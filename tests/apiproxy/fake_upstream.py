@@ -128,6 +128,8 @@ class FakeUpstream:
     streaming: trio.Event = field(default_factory=trio.Event)
     port: int = 0
     script: Callable[[Recorded], list[bytes]] | None = None
+    #: ``"json"`` mode: the assistant message to answer with (default: "hi").
+    json_script: Callable[[Recorded], dict] | None = None
     #: ``"json"`` mode: compress the body although the proxy asked for identity.
     gzip: bool = False
 
@@ -210,11 +212,17 @@ class FakeUpstream:
             await send(conn, stream, h11.EndOfMessage())
             return
         if self.mode == "json":
+            message: dict = {"role": "assistant", "content": "hi"}
+            if self.json_script is not None:
+                message = self.json_script(recorded)
+            finish = "tool_calls" if message.get("tool_calls") else "stop"
             body = json.dumps(
                 {
                     "id": "chatcmpl-fake",
                     "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                    "created": 0,
+                    "model": "m",
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                     "usage": {"prompt_tokens": 21, "completion_tokens": 3},
                 }
             ).encode()
