@@ -89,6 +89,10 @@ __all__ = ["ApiProxy", "report"]
 SEND_TIMEOUT_S = 5.0
 #: Listen backlog of both sockets.
 LISTEN_BACKLOG = 128
+#: After a refusal: how long and how much of the unread request is drained.
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
+RECEIVE_BYTES = 64 * 1024
 #: HttpReject reasons that get a status other than 400.
 _REJECT_STATUS = {"http-body-too-large": 413, "http-header-too-large": 431}
 
@@ -163,6 +167,26 @@ async def _send(stream: trio.abc.Stream, data: bytes) -> None:
             await stream.send_all(data)
 
 
+async def _linger(stream: trio.SocketStream) -> None:
+    """Close gently after a refusal, so the client can read it.
+
+    A request refused before it was read to the end leaves bytes unread;
+    closing at once would make the kernel answer them with a reset, which
+    can destroy the refusal before the client reads it. So: shut down our
+    side (the client sees EOF), then read and discard what is still coming
+    for a bounded time and amount (a "lingering close").
+    """
+    with trio.move_on_after(LINGER_S):
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_eof()
+            drained = 0
+            while drained < LINGER_BYTES:
+                part = await stream.receive_some(RECEIVE_BYTES)
+                if not part:
+                    break
+                drained += len(part)
+
+
 class ApiProxy:
     """One API proxy: trusted config and credential in; two served sockets out."""
 
@@ -232,6 +256,7 @@ class ApiProxy:
             except trio.WouldBlock:
                 await _send(stream, error_response(503, REFUSED_BODY))
                 await self._record(None, 0, _Outcome(503, "connection-cap"), None)
+                await _linger(stream)
                 return
             try:
                 await self._exchange(stream)
@@ -249,6 +274,7 @@ class ApiProxy:
             status = _REJECT_STATUS.get(exc.reason, 400)
             await _send(stream, error_response(status, REFUSED_BODY))
             await self._record(self._invocation(), 0, _Outcome(status, exc.reason), None)
+            await _linger(stream)
             return
         head = RequestHead(request.method, request.target, request.http_version, request.headers)
         decision = decide(head, request.body, self.state, self.config, self._credential)
@@ -256,6 +282,7 @@ class ApiProxy:
             await _send(stream, error_response(decision.status, REFUSED_BODY))
             outcome = _Outcome(decision.status, decision.category)
             await self._record(self._invocation(), len(request.body), outcome, None)
+            await _linger(stream)
             return
         # No await between the decision and the count: concurrent requests
         # are counted exactly (decide already refused an exhausted budget).
