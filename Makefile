@@ -69,6 +69,7 @@ bench: images
 	$(PYTHON) tests/bench/bench_contention.py
 	$(PYTHON) tests/bench/bench_apiproxy.py
 	$(PYTHON) tests/bench/bench_realistic.py
+	$(PYTHON) tests/bench/bench_enclave.py
 	$(PYTHON) -m tests.wrapper.bench_mcp 100
 
 demo: images

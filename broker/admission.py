@@ -41,9 +41,10 @@ from bounded_query.broker.protocol import (
     check_output,
     check_request_line,
     ok_body,
-    parse_frame,
+    policy,
 )
 from bounded_query.broker.runner import RunReport
+from bounded_query.broker.subsystem import BOUNDED_QUERY, Subsystem
 
 __all__ = [
     "Admit",
@@ -99,7 +100,8 @@ class Admit:
     """The request launches: ``records`` (admitted, debit, launched) authorize it."""
 
     entry: SeedEntry
-    script: str
+    #: What the runner gets (the subsystem's payload: a query's script bytes).
+    payload: bytes
     schema: Schema
     charge: int
     kind: str
@@ -134,42 +136,44 @@ def admit(
     *,
     accepting: bool = True,
     broken: bool = False,
+    subsystem: Subsystem = BOUNDED_QUERY,
 ) -> Reject | Admit:
     """Decide one request (pure; module docstring for the order of the checks).
 
     ``invocation_id`` names the records to journal; ``accepting`` is False
     while the broker stops (a counted ``broker-stopping`` rejection);
     ``broken`` is True after a journal failure (nothing can be counted any
-    more). Never raises for anything a client sends: every client fault is
-    a :class:`Reject` whose ``detail`` names the location, never script or
+    more); ``subsystem`` parses the frame and makes the payload. Never
+    raises for anything a client sends: every client fault is a
+    :class:`Reject` whose ``detail`` names the location, never script or
     output bytes.
     """
     if broken:
-        return Reject("broker-internal")
+        return Reject(policy.CATEGORY_BROKER_INTERNAL)
     if ledger.invocations >= max_invocations:
-        return Reject("max-invocations")
+        return Reject(policy.CATEGORY_MAX_INVOCATIONS)
     if not accepting:
-        return _counted(invocation_id, "broker-stopping")
+        return _counted(invocation_id, policy.CATEGORY_BROKER_STOPPING)
     try:
         if request.http_version != b"1.1":
             raise RequestError("HTTP/1.1 required")
         check_request_line(request.method, request.target)
-        parsed = parse_frame(list(request.headers), request.body)
+        parsed = subsystem.parse_frame(request.headers, request.body)
     except RequestError as exc:
-        return _counted(invocation_id, "invalid-request", detail=str(exc))
+        return _counted(invocation_id, policy.CATEGORY_INVALID_REQUEST, detail=str(exc))
     kind = schema_kind(parsed.schema)
     entry = seed_map.lookup(parsed.private_repo)
     if entry is None:
-        return _counted(invocation_id, "repo-not-allowed", kind=kind)
+        return _counted(invocation_id, policy.CATEGORY_REPO_NOT_ALLOWED, kind=kind)
     bits = charge(parsed.schema)
     if not affordable(bits, ledger.spent(entry.repo), entry.budget_bits):
-        return _counted(invocation_id, "bit-budget-exhausted", entry=entry, kind=kind)
+        return _counted(invocation_id, policy.CATEGORY_BUDGET_EXHAUSTED, entry=entry, kind=kind)
     records = (
         Admitted(invocation_id, repo=entry.repo, charge=bits),
         Debit(invocation_id, entry.repo, bits),
         Launched(invocation_id),
     )
-    return Admit(entry, parsed.script, parsed.schema, bits, kind, records)
+    return Admit(entry, subsystem.payload(parsed), parsed.schema, bits, kind, records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +184,7 @@ class Classified:
     canonical: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.category == "ok") != (self.canonical is not None):
+        if (self.category == policy.CATEGORY_OK) != (self.canonical is not None):
             raise ValueError("an answer exactly when the category is ok")
 
     @property
@@ -191,7 +195,7 @@ class Classified:
     def outcome(self, invocation_id: str) -> Outcome:
         """The journal's ``outcome`` record for this result."""
         if self.canonical is not None:
-            return Outcome(invocation_id, "ok")
+            return Outcome(invocation_id, policy.CATEGORY_OK)
         return Outcome(invocation_id, "error", self.category)
 
 
@@ -205,10 +209,10 @@ def classify(report: RunReport | None, raw: bytes | None, schema: Schema) -> Cla
     match ``schema`` strictly are ``invalid-output``.
     """
     if report is None:
-        return Classified("runner-internal")
+        return Classified(policy.CATEGORY_RUNNER_INTERNAL)
     if report.failure is not None:
         return Classified(report.failure)
     canonical = None if raw is None else check_output(raw, schema)
     if canonical is None:
-        return Classified("invalid-output")
-    return Classified("ok", canonical)
+        return Classified(policy.CATEGORY_INVALID_OUTPUT)
+    return Classified(policy.CATEGORY_OK, canonical)

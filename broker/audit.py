@@ -16,7 +16,7 @@ outputs, host paths or tokens. :func:`format_record` is pure;
 
 An ``invalid-request`` line also carries ``detail``: the protocol's own
 error message naming the offending location (``schema.fields.count: ...``),
-so the operator sees *why* without the agent ever seeing it (issue 2). Those
+so the operator sees *why* without the agent ever seeing it. Those
 messages never quote script or output bytes; at most they quote a short
 piece of the agent-authored schema (a field name, a type), which is not
 secret. :func:`sanitize_detail` still bounds it to
@@ -28,7 +28,7 @@ Categories are short fixed strings, for example ``ok``, ``invalid-request``,
 ``query-launch-failed``, ``query-timeout``, ``invalid-output``,
 ``cleanup-failed``, ``timing-bucket-overflow``, ``broker-internal``.
 
-Bounded growth (issue 9 part 4). A hostile client can send refusals without
+Bounded growth. A hostile client can send refusals without
 limit once ``maxInvocations`` is reached, so the log must cost O(1) disk
 however long the flood lasts, and it must never be what breaks the journal:
 
@@ -56,7 +56,7 @@ however long the flood lasts, and it must never be what breaks the journal:
 * Every write failure is swallowed by the caller (``Service.audit``): it
   never crashes the broker or changes an answer.
 
-The decisions are pure (:func:`admit`, :class:`RefusalTally`,
+The decisions are pure (:func:`decide_write`, :class:`RefusalTally`,
 :func:`format_summary`); :class:`AuditLog` only does the I/O.
 """
 
@@ -72,24 +72,28 @@ from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
 
+from bounded_query.broker.fdio import write_all
+from bounded_query.broker.protocol import policy
+
 __all__ = [
     "AUDIT_SCHEMA",
     "FREE_FLOOR_BYTES",
     "MARKER_RESERVE_BYTES",
     "MAX_AUDIT_BYTES",
     "MAX_DETAIL_CHARS",
-    "SUMMARY_CATEGORY",
     "SUMMARY_INTERVAL_S",
-    "TRUNCATED_CATEGORY",
-    "Admission",
+    "AuditLine",
     "AuditLog",
     "AuditRecord",
     "RefusalSummary",
     "RefusalTally",
-    "admit",
+    "Truncation",
+    "WriteDecision",
+    "decide_write",
     "format_record",
     "format_summary",
     "iso_utc",
+    "parse_line",
     "sanitize_detail",
     "truncation_marker",
 ]
@@ -109,10 +113,6 @@ MARKER_RESERVE_BYTES = 256
 FREE_FLOOR_BYTES = 32 * 1024 * 1024
 #: One refusal summary per interval (at most) while a flood lasts.
 SUMMARY_INTERVAL_S = 60.0
-#: Category of the aggregated record of uncounted answers.
-SUMMARY_CATEGORY = "refusal-summary"
-#: Category of the record that ends a log at its size cap.
-TRUNCATED_CATEGORY = "audit-truncated"
 #: Bound of the categories one summary holds (they are fixed strings; this
 #: only guards against a bug turning the tally into an unbounded map).
 MAX_SUMMARY_CATEGORIES = 64
@@ -222,7 +222,7 @@ def _log_line(category: str, wall_time: float, **extra: object) -> bytes:
 def format_summary(summary: RefusalSummary) -> bytes:
     """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
     return _log_line(
-        SUMMARY_CATEGORY,
+        policy.CATEGORY_REFUSAL_SUMMARY,
         summary.wall_time,
         since=summary.since,
         counts=dict(summary.counts),
@@ -232,7 +232,85 @@ def format_summary(summary: RefusalSummary) -> bytes:
 
 def truncation_marker(wall_time: float, skipped: int) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
-    return _log_line(TRUNCATED_CATEGORY, wall_time, skipped=skipped)
+    return _log_line(policy.CATEGORY_AUDIT_TRUNCATED, wall_time, skipped=skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """The marker that ends a log at its size cap: ``skipped`` lines were not written."""
+
+    skipped: int
+    wall_time: float
+
+
+#: One decoded audit line: an answer, a refusal summary, or the truncation marker.
+AuditLine = AuditRecord | RefusalSummary | Truncation
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def parse_line(line: bytes) -> AuditLine | None:
+    """Decode one line as :func:`format_record`, :func:`format_summary` or
+    :func:`truncation_marker` wrote it (pure).
+
+    The readers (the harness's step summary, report and terminal progress)
+    decode through here, so the keys exist in this module only. Tolerant by
+    design: the log may end in a torn line or be edited by hand, so anything
+    that is not one of our three shapes -- not JSON, another ``_schema``, a
+    field of the wrong type -- is None (skipped), never an exception; a
+    field that is merely absent or of the wrong type in an answer record
+    reads as unknown (None).
+    """
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or obj.get("_schema") != AUDIT_SCHEMA:
+        return None
+    category = obj.get("category")
+    if not isinstance(category, str):
+        return None
+    if category == policy.CATEGORY_REFUSAL_SUMMARY:
+        counts = obj.get("counts")
+        since, wall = _opt_float(obj.get("since")), _opt_float(obj.get("time"))
+        if not isinstance(counts, dict) or since is None or wall is None:
+            return None
+        pairs = tuple(sorted((k, n) for k, n in counts.items() if _opt_int(n) is not None))
+        try:
+            return RefusalSummary(pairs, since, wall)
+        except ValueError:
+            return None
+    if category == policy.CATEGORY_AUDIT_TRUNCATED:
+        skipped, wall = _opt_int(obj.get("skipped")), _opt_float(obj.get("time"))
+        if skipped is None or wall is None:
+            return None
+        return Truncation(skipped, wall)
+    invocation_id = obj.get("invocationId")
+    if not isinstance(invocation_id, str):
+        return None
+    return AuditRecord(
+        invocation_id=invocation_id,
+        category=category,
+        sensitivity=_opt_str(obj.get("sensitivity")),
+        charge=_opt_int(obj.get("charge")),
+        bucket_ms=_opt_int(obj.get("bucketMs")),
+        wall_time=_opt_float(obj.get("time")),
+        detail=_opt_str(obj.get("detail")),
+        repo=_opt_str(obj.get("repo")),
+        kind=_opt_str(obj.get("kind")),
+    )
 
 
 @dataclass
@@ -258,7 +336,7 @@ class RefusalTally:
         if not self._counts:
             self._opened, self._since = now, wall
         if category not in self._counts and len(self._counts) >= MAX_SUMMARY_CATEGORIES:
-            category = "other"
+            category = policy.CATEGORY_OTHER
         self._counts[category] = self._counts.get(category, 0) + 1
         return due
 
@@ -276,7 +354,7 @@ class RefusalTally:
         return dict(self._counts)
 
 
-class Admission(Enum):
+class WriteDecision(Enum):
     """What the size policy lets the log do with one line."""
 
     WRITE = "write"
@@ -284,7 +362,7 @@ class Admission(Enum):
     DROP = "drop"
 
 
-def admit(
+def decide_write(
     written: int,
     length: int,
     *,
@@ -293,7 +371,7 @@ def admit(
     cap: int = MAX_AUDIT_BYTES,
     reserve: int = MARKER_RESERVE_BYTES,
     floor: int = FREE_FLOOR_BYTES,
-) -> Admission:
+) -> WriteDecision:
     """Whether a ``length``-byte line may follow ``written`` bytes (pure).
 
     WRITE while the line fits below ``cap - reserve`` and the filesystem keeps
@@ -303,12 +381,12 @@ def admit(
     space is short.
     """
     if truncated:
-        return Admission.DROP
+        return WriteDecision.DROP
     if free_bytes is not None and free_bytes - length < floor:
-        return Admission.DROP
+        return WriteDecision.DROP
     if written + length <= cap - reserve:
-        return Admission.WRITE
-    return Admission.MARKER
+        return WriteDecision.WRITE
+    return WriteDecision.MARKER
 
 
 class AuditLog:
@@ -349,13 +427,13 @@ class AuditLog:
         self.write_line(format_summary(summary))
 
     def write_line(self, line: bytes) -> None:
-        """Append one pre-formatted line under the size policy (:func:`admit`)."""
+        """Append one pre-formatted line under the size policy (:func:`decide_write`)."""
         with self._lock:
             if self._fd < 0:
                 return
             if self.skipped:
                 line = _with_skipped(line, self.skipped)
-            decision = admit(
+            decision = decide_write(
                 self.written,
                 len(line),
                 truncated=self.truncated,
@@ -363,15 +441,15 @@ class AuditLog:
                 cap=self._cap,
                 floor=self._floor,
             )
-            if decision is Admission.DROP:
+            if decision is WriteDecision.DROP:
                 self.skipped += 1
                 return
-            if decision is Admission.MARKER:
+            if decision is WriteDecision.MARKER:
                 self.truncated = True
                 line = truncation_marker(_wall(), self.skipped + 1)
                 if self.written + len(line) > self._cap:
                     return
-            os.write(self._fd, line)
+            write_all(self._fd, line)
             self.written += len(line)
             self.skipped = 0
 

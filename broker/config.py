@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from bounded_query.broker.protocol import is_valid_slug
+from bounded_query.broker.protocol import is_valid_slug, policy
 from bounded_query.broker.protocol.policy import (
     MAX_INVOCATIONS,
     MAX_TIMEOUT_S,
@@ -30,18 +30,19 @@ from bounded_query.broker.protocol.policy import (
     RUN_BUDGETS,
     RUN_ID_PATTERN,
     RUNTIMES,
+    SENSITIVITIES,
     parse_memory_limit,
 )
 from bounded_query.broker.runner import RunnerSettings
 
 __all__ = [
-    "BUDGET_BITS",
     "CONFIG_ENV",
-    "SENSITIVITIES",
     "BrokerConfig",
     "ConfigError",
     "SeedEntry",
     "SeedMap",
+    "encode_config",
+    "encode_seed_map",
     "load_config",
     "load_seed_map",
     "parse_config",
@@ -50,11 +51,6 @@ __all__ = [
 
 #: Environment variable naming the config file when ``--config`` is absent.
 CONFIG_ENV = "BOUNDED_QUERY_BROKER_CONFIG"
-
-#: Run budget per sensitivity in bits (spec 14.1); None means unmetered
-#: (policy.RUN_BUDGETS, under the name this module's importers use).
-BUDGET_BITS: Mapping[str, int | None] = RUN_BUDGETS
-SENSITIVITIES = frozenset(BUDGET_BITS)
 
 #: Config and seed-map files are small; a larger file is not ours.
 MAX_CONFIG_FILE_BYTES = 1 << 20
@@ -156,7 +152,7 @@ class SeedEntry:
     @property
     def budget_bits(self) -> int | None:
         """Run budget in bits, None for unmetered (public)."""
-        return BUDGET_BITS[self.sensitivity]
+        return RUN_BUDGETS[self.sensitivity]
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +241,7 @@ def parse_config(obj: object) -> BrokerConfig:
         raise ConfigError("config.image: expected a non-empty image reference")
     docker_host = _require(obj, "dockerHost", str, "config")
     assert isinstance(docker_host, str)
-    if not docker_host.startswith("unix:///"):
+    if not policy.docker_socket_path(docker_host).startswith("/"):
         raise ConfigError("config.dockerHost: must be a unix:// URL (spec 14.2 preflight)")
     path_map = _require(obj, "hostPathMap", dict, "config")
     assert isinstance(path_map, dict)
@@ -306,6 +302,50 @@ def parse_seed_map(obj: object) -> SeedMap:
             raise ConfigError(f"{where}.repo: duplicate repository (case-insensitive)")
         entries[key] = SeedEntry(repo, seed_id, sensitivity, commit)
     return SeedMap(entries)
+
+
+def encode_config(config: BrokerConfig) -> dict[str, object]:
+    """The broker config document for ``config`` (what ``parse_config`` reads back).
+
+    The harness writes it (``harness/outputs.py``) and the broker parses it:
+    both sides go through this module, so a key exists in one place and
+    ``parse_config(encode_config(c)) == c`` for every valid ``c``.
+    """
+    return {
+        "version": 1,
+        "runId": config.run_id,
+        "socketPath": str(config.socket_path),
+        "socketUid": config.socket_uid,
+        "socketGid": config.socket_gid,
+        "privateRoot": str(config.private_root),
+        "seedMap": str(config.seed_map_path),
+        "runtime": config.runtime,
+        "timeout": config.timeout_s,
+        "memoryLimit": config.memory_limit,
+        "maxInvocations": config.max_invocations,
+        "image": config.image,
+        "dockerHost": config.docker_host,
+        "hostPathMap": dict(config.host_path_map),
+    }
+
+
+def encode_seed_map(seed_map: SeedMap) -> dict[str, object]:
+    """The seed map document (spec 14.6), entries in ``seed_map``'s order.
+
+    ``parse_seed_map(encode_seed_map(m)) == m`` for every valid ``m``.
+    """
+    return {
+        "version": 1,
+        "repos": [
+            {
+                "repo": entry.repo,
+                "seedId": entry.seed_id,
+                "sensitivity": entry.sensitivity,
+                "commit": entry.commit,
+            }
+            for entry in seed_map.entries.values()
+        ],
+    }
 
 
 def _load_json(path: Path, what: str) -> object:

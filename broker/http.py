@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import h11
 import trio
+from bounded_query.broker.protocol import policy
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -94,10 +95,10 @@ def response_bytes(body: bytes) -> bytes:
     )
 
 
-class _Budget:
+class _ReadClock:
     """A deadline counted only while reading: time spent in ``hold`` is not charged.
 
-    ``reason`` is the refusal when the budget runs out.
+    ``reason`` is the refusal when it runs out.
     """
 
     def __init__(self, seconds: float, reason: str) -> None:
@@ -108,15 +109,15 @@ class _Budget:
 async def _next_event(
     conn: h11.Connection,
     stream: trio.abc.Stream,
-    budget: _Budget,
+    clock: _ReadClock,
     hold: Callable[[], Awaitable[None]] | None,
-    malformed: str = "http-malformed",
+    malformed: str = policy.CATEGORY_HTTP_MALFORMED,
     record: bytearray | None = None,
 ) -> object:
     """Next h11 event, receiving more bytes as needed (EOF is fed to h11).
 
     Before each receive, ``hold`` (if any) is awaited outside the deadline;
-    each receive may use what is left of ``budget``. Every byte received is
+    each receive may use what is left of ``clock``. Every byte received is
     also appended to ``record`` when one is given.
     """
     while True:
@@ -129,21 +130,21 @@ async def _next_event(
         if hold is not None:
             await hold()
         started = trio.current_time()
-        with trio.move_on_after(budget.remaining) as scope:
+        with trio.move_on_after(clock.remaining) as scope:
             try:
                 data = await stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise HttpReject("http-connection-lost") from exc
+                raise HttpReject(policy.CATEGORY_HTTP_CONNECTION_LOST) from exc
         if scope.cancelled_caught:
-            raise HttpReject(budget.reason)
+            raise HttpReject(clock.reason)
         # A receive that returned at the deadline may overshoot it slightly.
-        budget.remaining = max(0.0, budget.remaining - (trio.current_time() - started))
+        clock.remaining = max(0.0, clock.remaining - (trio.current_time() - started))
         if record is not None:
             record += data
         try:
             conn.receive_data(bytes(data))
         except h11.RemoteProtocolError as exc:  # pragma: no cover - h11 raises in next_event
-            raise HttpReject("http-malformed") from exc
+            raise HttpReject(policy.CATEGORY_HTTP_MALFORMED) from exc
 
 
 #: An obsolete line fold: a header line that starts with a space or a tab.
@@ -158,16 +159,16 @@ def check_raw_head(head: bytes) -> str | None:
     obsolete line folding, and more than one Content-Length line.
     """
     if len(head) > MAX_HEADER_BYTES:
-        return "http-header-too-large"
+        return policy.CATEGORY_HTTP_HEADER_TOO_LARGE
     if _OBS_FOLD.search(head) is not None:
-        return "http-obs-fold"
+        return policy.CATEGORY_HTTP_OBS_FOLD
     lengths = 0
     for line in head.split(b"\n")[1:]:
         name, colon, _ = line.partition(b":")
         if colon and name.strip().lower() == b"content-length":
             lengths += 1
     if lengths > 1:
-        return "http-duplicate-content-length"
+        return policy.CATEGORY_HTTP_DUPLICATE_LENGTH
     return None
 
 
@@ -201,10 +202,10 @@ async def read_request(
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
     raw_head = bytearray()
-    head_budget = _Budget(header_timeout_s, "http-header-timeout")
-    event = await _next_event(conn, stream, head_budget, hold, record=raw_head)
+    head_clock = _ReadClock(header_timeout_s, policy.CATEGORY_HTTP_HEADER_TIMEOUT)
+    event = await _next_event(conn, stream, head_clock, hold, record=raw_head)
     if not isinstance(event, h11.Request):
-        raise HttpReject("http-no-request")
+        raise HttpReject(policy.CATEGORY_HTTP_NO_REQUEST)
     headers = list(event.headers.raw_items())
     # The raw head is what was received minus what h11 has not consumed yet
     # (the start of the body, or a pipelined request).
@@ -214,12 +215,12 @@ async def read_request(
         raise HttpReject(reason)
     lowered = [(name.lower(), value) for name, value in headers]
     if any(name == b"transfer-encoding" for name, _ in lowered):
-        raise HttpReject("http-chunked-body")
+        raise HttpReject(policy.CATEGORY_HTTP_CHUNKED)
     if any(name == b"upgrade" for name, _ in lowered):
-        raise HttpReject("http-upgrade")
+        raise HttpReject(policy.CATEGORY_HTTP_UPGRADE)
     length = _content_length(lowered)
     if length is not None and length > max_body:
-        raise HttpReject("http-body-too-large")
+        raise HttpReject(policy.CATEGORY_HTTP_BODY_TOO_LARGE)
     if conn.they_are_waiting_for_100_continue:
         if hold is not None:
             await hold()
@@ -227,21 +228,21 @@ async def read_request(
             try:
                 await stream.send_all(CONTINUE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise HttpReject("http-connection-lost") from exc
+                raise HttpReject(policy.CATEGORY_HTTP_CONNECTION_LOST) from exc
     chunks: list[bytes] = []
     received = 0
-    body_budget = _Budget(body_timeout_s, "http-body-timeout")
+    body_clock = _ReadClock(body_timeout_s, policy.CATEGORY_HTTP_BODY_TIMEOUT)
     while True:
-        part = await _next_event(conn, stream, body_budget, hold, "http-truncated-body")
+        part = await _next_event(conn, stream, body_clock, hold, policy.CATEGORY_HTTP_TRUNCATED)
         if isinstance(part, h11.Data):
             received += len(part.data)
             if received > max_body:  # pragma: no cover - Content-Length is checked
-                raise HttpReject("http-body-too-large")
+                raise HttpReject(policy.CATEGORY_HTTP_BODY_TOO_LARGE)
             chunks.append(bytes(part.data))
         elif isinstance(part, h11.EndOfMessage):
             break
         else:
-            raise HttpReject("http-truncated-body")
+            raise HttpReject(policy.CATEGORY_HTTP_TRUNCATED)
     return HttpRequest(
         method=bytes(event.method),
         target=bytes(event.target),

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cbor2
+from bounded_query.broker.fdio import write_all
 
 __all__ = [
     "FORMAT_VERSION",
@@ -342,10 +343,7 @@ class JournalFile:
         data = b"".join(encode_record(r) for r in records)
         start = os.fstat(self._fd).st_size
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
+            write_all(self._fd, data)
             if sync:
                 os.fsync(self._fd)
         except OSError:

@@ -28,11 +28,12 @@ from bounded_query.broker.journal import (
     Outcome,
     Record,
 )
+from bounded_query.broker.protocol import RESULT_STATUS_BIT_COST, TIMING_BUCKET_BITS
 
 __all__ = [
     "MIN_CHARGE_BITS",
     "TRANSITIONS",
-    "Admission",
+    "InvocationEntry",
     "InvocationState",
     "JournalInconsistent",
     "Ledger",
@@ -40,9 +41,10 @@ __all__ = [
     "next_state",
 ]
 
-#: The cheapest possible invocation (const schema): 1 status bit + 0 + 3
-#: timing bits (spec 14.3). A balance below this can fund nothing.
-MIN_CHARGE_BITS = 4
+#: The cheapest possible invocation (a schema of cardinality 1): the status bit
+#: plus the timing bits and nothing for the value (spec 14.3). A balance below
+#: this can fund nothing.
+MIN_CHARGE_BITS = RESULT_STATUS_BIT_COST + TIMING_BUCKET_BITS
 
 
 class JournalInconsistent(JournalCorrupt):
@@ -116,7 +118,7 @@ class _Entry:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class InvocationEntry:
     """One counted invocation as the ledger knows it (for reports)."""
 
     invocation_id: str
@@ -157,10 +159,11 @@ class Ledger:
         """A copy of the spent-bits map (lowercased repo -> bits)."""
         return dict(self._spent)
 
-    def admissions(self) -> tuple[Admission, ...]:
+    def admissions(self) -> tuple[InvocationEntry, ...]:
         """Every counted invocation in admission (journal) order."""
         return tuple(
-            Admission(i, e.state, e.repo, e.charge, e.rejection) for i, e in self._entries.items()
+            InvocationEntry(i, e.state, e.repo, e.charge, e.rejection)
+            for i, e in self._entries.items()
         )
 
     def in_flight(self) -> list[str]:

@@ -40,19 +40,11 @@ from typing import Protocol
 # protocol/policy.py).
 from bounded_query.broker.protocol.policy import (
     DEFAULT_DOCKER_HOST,
-    LABEL_INVOCATION,
-    LABEL_RUN,
-    MAX_MEMORY_BYTES,
-    MIN_MEMORY_BYTES,
-    parse_memory_limit,
 )
 
 __all__ = [
     "FAILURE_CATEGORIES",
-    "LABEL_INVOCATION",
-    "LABEL_RUN",
-    "MAX_MEMORY_BYTES",
-    "MIN_MEMORY_BYTES",
+    "PAGE_CACHE_PIN",
     "RESULT_FILE_NAME",
     "Degradation",
     "Invocation",
@@ -60,7 +52,6 @@ __all__ = [
     "Runner",
     "RunnerSettings",
     "RunnerUnavailable",
-    "parse_memory_limit",
 ]
 
 #: Failure categories a runner may report; they go to the protected audit log
@@ -107,6 +98,11 @@ class Invocation:
     def result_path(self) -> Path:
         """Host path where the query's answer is found after :meth:`Runner.run`."""
         return self.workspace / RESULT_FILE_NAME
+
+
+#: The :class:`Degradation` subsystem of the page-cache pin (``sandbox/pagecache.py``):
+#: the channel policy reads it (``harness/channel_policy.py``).
+PAGE_CACHE_PIN = "page-cache pin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +182,16 @@ class Runner(Protocol):
 
     def degradations(self) -> tuple[Degradation, ...]:
         """The protections missing right now (after :meth:`warm`); () when none."""
+        ...
+
+    async def watch(self) -> Degradation:
+        """Return when a protection :meth:`warm` set up is lost during the run.
+
+        The broker then halts the run (``service.py``): a lost protection
+        reopens a cross-invocation channel the channel policy counted as
+        closed. Never returns while every protection holds (a runner with
+        none to lose sleeps forever); cancelled at shutdown.
+        """
         ...
 
     async def aclose(self) -> None:

@@ -63,7 +63,7 @@ from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog, AuditRecord
 from bounded_query.broker.config import BrokerConfig, SeedMap
 from bounded_query.broker.http import HttpReject, read_request, send_response
-from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, MAX_SCRIPT_BYTES
+from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation, Runner
 from bounded_query.broker.service import Service, report_bug
@@ -207,8 +207,8 @@ class GatedListener(trio.abc.Listener[trio.SocketStream]):
     async def accept(self) -> trio.SocketStream:
         """The next connection accepted while the gate is open."""
         while True:
-            await self._service.hold_refusal()
-            with self._service.cancelled_when_gate_closes():
+            await self._service.gate.hold()
+            with self._service.gate.cancelled_when_closed():
                 return await self._inner.accept()
             # A request entered the lane first; nothing was accepted.
 
@@ -297,7 +297,7 @@ class BrokerServer:
             for invocation_id in recovery.interrupted:
                 # An audit write failure never stops the broker (audit.py).
                 with contextlib.suppress(OSError):
-                    audit.write(AuditRecord(invocation_id, "interrupted-by-restart"))
+                    audit.write(AuditRecord(invocation_id, policy.CATEGORY_INTERRUPTED))
             await self.runner.preflight()
             await self.runner.reconcile()
             await run_sync(clear_work_root, config.work_root)
@@ -354,6 +354,7 @@ class BrokerServer:
                             trio.serve_listeners, self._handle, [listener], handler_nursery=handlers
                         )
                     )
+                    acceptor.start_soon(self._watch_protections, service)
                     task_status.started()
                     await self._stop.wait()
                     service.accepting = False
@@ -361,6 +362,19 @@ class BrokerServer:
                 # The in-flight invocation may finish within the grace; whatever
                 # is still running at the deadline is cancelled.
                 handlers.cancel_scope.deadline = trio.current_time() + self.grace_s
+
+    async def _watch_protections(self, service: Service) -> None:
+        """Halt on a protection lost mid-run, then say so in the readiness file.
+
+        The harness reads the file again once the agent is done and reports
+        the loss (``harness/orchestrate.py``); stderr has the precise reason.
+        """
+        lost = await service.watch_runner()
+        announced = self.runner.degradations()
+        if lost not in announced:
+            announced = (*announced, lost)
+        with contextlib.suppress(OSError):
+            await self._run_sync(_write_ready, self.config.ready_path, announced)
 
     async def _warm(self) -> None:
         """Let the runner prepare seeds before we listen.
@@ -373,7 +387,7 @@ class BrokerServer:
         seeds = [
             self.config.seeds_root / entry.seed_id
             for entry in self.seed_map.entries.values()
-            if entry.sensitivity != "sealed"
+            if entry.sensitivity != policy.SENSITIVITY_SEALED
         ]
         await self.runner.warm(seeds)
 
@@ -393,12 +407,12 @@ class BrokerServer:
     async def _refuse(self, stream: trio.SocketStream) -> None:
         assert self.service is not None
         try:
-            await self.service.hold_refusal()
+            await self.service.gate.hold()
             with trio.move_on_after(REFUSE_TIMEOUT_S):
                 await send_response(stream, CANONICAL_ERROR_BODY)
         finally:
             await trio.aclose_forcefully(stream)
-        await self.service.count_refusal("connection-cap")
+        await self.service.count_refusal(policy.CATEGORY_CONNECTION_CAP)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         service = self.service
@@ -407,8 +421,8 @@ class BrokerServer:
             try:
                 request = await read_request(
                     stream,
-                    max_body=MAX_SCRIPT_BYTES,
-                    hold=service.hold_refusal,
+                    max_body=service.subsystem.max_body_bytes,
+                    hold=service.gate.hold,
                     **self._timeouts,
                 )
             except HttpReject as exc:
@@ -416,7 +430,7 @@ class BrokerServer:
                 # answered -- at once when the lane is idle -- so its timing
                 # depends only on the client's bytes and on answers the agent
                 # already sees; then counted against maxInvocations (service.py).
-                await service.hold_refusal()
+                await service.gate.hold()
                 await send_response(stream, CANONICAL_ERROR_BODY)
                 await service.count_refusal(exc.reason)
                 return

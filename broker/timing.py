@@ -23,7 +23,7 @@ for such a late processing end to answer: a watchdog sends the canonical
 error at the last boundary plus the tolerance (``service.py``), so even an
 overflow answer leaves at a fixed time.
 
-After an overflow (issue 9 part 6) the run halts: the overrunning container
+After an overflow the run halts: the overrunning container
 is still being stopped and removed, for a time the query itself can stretch
 (a tree of files to delete, processes to kill), so *any* answer that waits
 for that end -- releasing the lane at the end of the overrun, or holding it
@@ -42,9 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
+from bounded_query.broker.protocol import TIMING_BUCKETS_MS
 
 __all__ = [
-    "DEFAULT_BOUNDARIES_S",
+    "BOUNDARIES_S",
     "FINAL_STAGE_S",
     "TOLERANCE_S",
     "Landing",
@@ -57,9 +58,9 @@ __all__ = [
     "wait_for_boundary",
 ]
 
-#: TIMING_BUCKETS_MS of spec 14.3.1 in seconds (the protocol module holds the
-#: normative constant; the pipeline passes it in).
-DEFAULT_BOUNDARIES_S: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 60.0, 600.0)
+#: The boundaries of spec 14.3.1 in seconds, derived from the protocol's
+#: normative TIMING_BUCKETS_MS (the pipeline may pass other ones to tests).
+BOUNDARIES_S: tuple[float, ...] = tuple(ms / 1000 for ms in TIMING_BUCKETS_MS)
 #: Public host-scheduler tolerance (spec 14.3.1).
 TOLERANCE_S = 0.005
 #: Below this remaining time we sleep straight to the boundary: the lateness
@@ -91,7 +92,7 @@ class Landing:
     offset_s: float
 
 
-def choose_boundary(elapsed_s: float, boundaries_s: Sequence[float] = DEFAULT_BOUNDARIES_S) -> int:
+def choose_boundary(elapsed_s: float, boundaries_s: Sequence[float] = BOUNDARIES_S) -> int:
     """Index of the first boundary >= ``elapsed_s`` (pure).
 
     Raises:
@@ -139,7 +140,7 @@ async def sleep_until_staged(target: float) -> None:
 
 async def wait_for_boundary(
     start: float,
-    boundaries_s: Sequence[float] = DEFAULT_BOUNDARIES_S,
+    boundaries_s: Sequence[float] = BOUNDARIES_S,
     tolerance_s: float = TOLERANCE_S,
 ) -> Landing:
     """Sleep until the first boundary at or after now, measured from ``start``.

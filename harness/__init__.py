@@ -16,6 +16,8 @@ Module map (the file list reads as the pipeline):
 * ``orchestrate`` ``run``: the phases in order, broker child and readiness
 * ``supervise``  the agent in its mode, signals forwarded, stopped at the end
 * ``teardown``   undo the run on every path; the one container reconcile
+* ``reaper``     the detached process that undoes a run whose harness was SIGKILLed
+* ``sweep``      owner records; the next start removes what a killed run left
 * ``reporting``  problem events and step-summary Markdown
 * ``child``      the broker as a child process (parent-death signal)
 * ``agent_spec`` the agent container's body and environment, as values (14.8)

@@ -29,16 +29,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
 from .agent_spec import (
     AGENT_NETWORK_DEFAULT,
-    DEFAULT_AGENT_IMAGE,
     DEFAULT_AGENT_UID,
     AgentUser,
     parse_agent_user,
 )
-from .config import SLUG_RE
+from .channel_policy import ALLOW_FLAG, REMOVED_FLAG
 from .events import EventSink, append_step_summary
 from .options import EXIT_HARNESS, RunOptions
 from .orchestrate import run
@@ -84,7 +84,7 @@ def parse_seed_sources(items: Sequence[str]) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for item in items:
         slug, sep, path = item.partition("=")
-        if not sep or not path or SLUG_RE.fullmatch(slug) is None:
+        if not sep or not path or policy.SLUG_RE.fullmatch(slug) is None:
             raise UsageError(f"--seed-source {item!r}: expected owner/repo=PATH")
         key = slug.lower()
         if key in out:
@@ -113,6 +113,11 @@ def _agent_user(args: argparse.Namespace) -> AgentUser | None:
 
 
 def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions:
+    if getattr(args, "allow_runc_mixed_sensitivity", False):
+        raise UsageError(
+            f"{REMOVED_FLAG} was renamed {ALLOW_FLAG}: it now covers every run whose"
+            " repositories share the host (two metered repositories too), on any runtime"
+        )
     return RunOptions(
         agent_on_host=getattr(args, "agent_on_host", False),
         agent_user=_agent_user(args),
@@ -120,7 +125,7 @@ def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions
         agent_image=getattr(args, "agent_image", DEFAULT_AGENT_IMAGE),
         agent_network=getattr(args, "agent_network", AGENT_NETWORK_DEFAULT),
         allow_insecure_server=args.allow_insecure_server_url,
-        allow_mixed_sensitivity=getattr(args, "allow_runc_mixed_sensitivity", False),
+        allow_open_channels=getattr(args, "allow_cross_invocation_channels", False),
         config_source=args.config,
         agent=agent,
         seed_sources=parse_seed_sources(args.seed_source),
@@ -176,9 +181,9 @@ def _cmd_mcp_config(args: argparse.Namespace, _sink: EventSink) -> int:
     values = {
         name: value
         for name, value in (
-            ("AWF_BOUNDED_QUERY_SOCKET", args.socket),
-            ("AWF_BOUNDED_QUERY_SKILL", args.skill),
-            ("AWF_BOUNDED_QUERY_REPOS", args.repos),
+            (policy.ENV_SOCKET, args.socket),
+            (policy.ENV_SKILL, args.skill),
+            (policy.ENV_REPOS, args.repos),
         )
         if value is not None
     }
@@ -246,16 +251,19 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         " would travel in clear text)",
     )
     parser.add_argument(
-        "--allow-runc-mixed-sensitivity",
+        ALLOW_FLAG,
         action="store_true",
-        help="accept public and metered repositories in one run where cross-invocation"
-        " kernel channels stay open (runc, or no root): reported degraded",
+        help="accept a run whose repositories share the host (more than one runs queries,"
+        " one of them metered) while cross-invocation kernel channels stay open (runc,"
+        " no root, or no page-cache pin): reported degraded",
     )
+    # The former name is refused with a hint (harness/channel_policy.py).
+    parser.add_argument(REMOVED_FLAG, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-base", default=str(DEFAULT_BASE), help=argparse.SUPPRESS)
 
 
 def _add_agent_options(parser: argparse.ArgumentParser) -> None:
-    """How the agent is confined (issue 8; README "Confinement")."""
+    """How the agent is confined (README "Confinement")."""
     parser.add_argument(
         "--agent-user",
         default=None,

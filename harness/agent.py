@@ -1,4 +1,4 @@
-"""Running the agent: in its container (default) or on the host (issue 8).
+"""Running the agent: in its container (default) or on the host.
 
 Theory of operation. ``run`` supervises the agent through one small
 interface, :class:`AgentHandle` (poll, signal, wait, stop, close), with two
@@ -15,8 +15,9 @@ implementations:
   passes it on to the command. The exit status is the container's
   (``docker-init`` reports 128+N for a command killed by signal N, like the
   host mode). :meth:`close` force-removes it; teardown's reconciliation by
-  run label and the next run's :func:`sweep_agent_containers` catch what a
-  killed harness left.
+  run label, the run's reaper after a SIGKILL (``reaper.py``) and, should the
+  reaper die too, the next run's :func:`sweep_agent_containers` catch what
+  a killed harness left.
 * :class:`HostAgent` -- ``--agent-on-host``: a plain child process,
   optionally with another uid/gid (dropped in the child before exec, with
   no supplementary groups).
@@ -34,10 +35,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
-from bounded_query.sandbox.docker_runner import API_VERSION
+from bounded_query.broker.fdio import write_all
+from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE
+from bounded_query.sandbox import engine
 from bounded_query.sandbox.reconcile import remove_container, remove_labelled
 
-from .agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT, AgentContainer, AgentUser
+from .agent_spec import ROLE_AGENT, AgentContainer, AgentUser
 from .agent_spec import container_body as _container_body
 from .events import EventSink
 from .sweep import OwnerRecord, owner_is_gone
@@ -161,9 +164,7 @@ async def start_host_agent(
 
 
 def _api(docker_host: str) -> Any:
-    import docker
-
-    return docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=API_TIMEOUT_S)
+    return engine.api_client(docker_host, API_TIMEOUT_S)
 
 
 def _close_attached(attached: Any) -> None:
@@ -219,15 +220,9 @@ def _window_size(fd: int) -> tuple[int, int] | None:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except BlockingIOError:
-            continue
-        except OSError:  # the harness's own stdout/stderr is gone: drop output
-            return
-        view = view[written:]
+    # The harness's own stdout/stderr is gone: drop the output.
+    with contextlib.suppress(OSError):
+        write_all(fd, data, retry_blocking=True)
 
 
 class ContainerAgent:

@@ -1,4 +1,4 @@
-"""The agent's container and environment, as plain values (spec 14.8; issue 8).
+"""The agent's container and environment, as plain values (spec 14.8).
 
 Theory of operation: the agent never runs next to the harness's secrets. By
 default it is a fresh container on the query engine whose whole view of the
@@ -24,18 +24,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 
 from .paths import PRIVATE_PREFIX
-from .preflight import TOKEN_VARIABLES
+from .tokens import TOKEN_VARIABLES
 
 __all__ = [
     "AGENT_NETWORK_DEFAULT",
     "CONTAINER_PATH",
-    "DEFAULT_AGENT_IMAGE",
     "DEFAULT_AGENT_UID",
-    "LABEL_OWNER",
-    "LABEL_ROLE",
     "ROLE_AGENT",
     "AgentContainer",
     "AgentUser",
@@ -46,7 +44,6 @@ __all__ = [
 ]
 
 #: The built-in agent image (``sandbox/agent_image/build.sh``).
-DEFAULT_AGENT_IMAGE = "bounded-query-agent:latest"
 #: The agent's uid/gid when the workspace belongs to root: an unprivileged id
 #: no Debian package allocates (system ids end at 999, regular users start
 #: at 1000 and rarely reach it) and not the query sandbox's 65534.
@@ -73,7 +70,7 @@ _ID_MAX = 2**32 - 2
 
 @dataclass(frozen=True, slots=True)
 class AgentUser:
-    """The agent's uid and gid: never 0 (spec 14.8, issue 8)."""
+    """The agent's uid and gid: never 0 (spec 14.8)."""
 
     uid: int
     gid: int
@@ -141,9 +138,9 @@ def agent_environment(
         if container and key in _CONTAINER_REPLACED:
             continue
         out[key] = value
-    out["AWF_BOUNDED_QUERY_SOCKET"] = socket_path
-    out["AWF_BOUNDED_QUERY_SKILL"] = skill_file
-    out["AWF_BOUNDED_QUERY_REPOS"] = ",".join(slugs)
+    out[policy.ENV_SOCKET] = socket_path
+    out[policy.ENV_SKILL] = skill_file
+    out[policy.ENV_REPOS] = ",".join(slugs)
     if container:
         out["PATH"] = f"{wrapper_dir}:{CONTAINER_PATH}"
         out["HOME"] = "/tmp"

@@ -4,7 +4,9 @@ Theory of operation: the child runs in its own session with a minimal,
 credential-free environment and ``/`` as its directory. It carries a
 parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a harness
 killed with SIGKILL -- which runs no teardown -- does not leave a broker
-serving behind it: the broker gets SIGTERM and shuts down as usual.
+serving behind it: the broker gets SIGTERM and shuts down as usual -- and
+the run's reaper, which holds a pidfd of the broker (``reaper.py``), SIGKILLs
+it at once, before it removes the run's containers and roots.
 
 The kernel sends that signal when the *thread* that forked the child exits,
 not the process. ``trio.lowlevel.open_process`` forks in a worker thread,
@@ -12,6 +14,11 @@ which trio retires after a few idle seconds and which would stop the broker
 mid-run, so the fork happens synchronously in the thread running trio (the
 main thread under ``bounded-query-harness``; a fork plus exec takes
 milliseconds). Exit is awaited on a pidfd, so no thread is involved at all.
+
+The child's stderr is a pipe (unless ``--broker-log`` names a file): the
+harness relays each line as a versioned record (``broker_log.py``,
+:meth:`ChildBroker.relay_log`) for the broker's whole life; :meth:`stop`
+lets the relay drain what the broker wrote last before it returns.
 """
 
 from __future__ import annotations
@@ -28,12 +35,24 @@ from typing import Any
 import trio
 from bounded_query.sandbox.cpus import agent_cpu_set
 
+from .broker_log import relay_broker_log
+from .events import EventSink
 from .paths import RunPaths
 
-__all__ = ["BROKER_STOP_GRACE_S", "ChildBroker", "broker_environment", "start_child_broker"]
+__all__ = [
+    "BROKER_LOG_DRAIN_S",
+    "BROKER_STOP_GRACE_S",
+    "ChildBroker",
+    "broker_environment",
+    "start_child_broker",
+]
 
 #: How long the broker may take to drain after SIGTERM before SIGKILL.
 BROKER_STOP_GRACE_S = 20.0
+#: How long :meth:`ChildBroker.stop` waits, after the broker exited, for its
+#: last lines to be relayed (the pipe closes with it unless a child of the
+#: broker still holds it).
+BROKER_LOG_DRAIN_S = 5.0
 #: Poll interval when the kernel offers no pidfd.
 EXIT_POLL_S = 0.05
 #: Variables the broker child inherits (everything else, tokens included, is dropped).
@@ -46,10 +65,28 @@ def broker_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 class ChildBroker:
-    """The broker as a child process (spawned by :func:`_spawn_broker`)."""
+    """The broker as a child process (spawned by :func:`_spawn_broker`).
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    ``log_fd`` is the read end of the pipe that is the broker's stderr
+    (owned from now on; None when the stderr goes to a file).
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], log_fd: int | None = None) -> None:
         self._process = process
+        self._log_fd = log_fd
+        self._relayed: trio.Event | None = None
+
+    async def relay_log(self, sink: EventSink) -> None:
+        """Relay the broker's stderr through ``sink`` until it closes (run this
+        in a nursery that outlives :meth:`stop`); at once without a pipe."""
+        fd, self._log_fd = self._log_fd, None
+        if fd is None:
+            return
+        done = self._relayed = trio.Event()
+        try:
+            await relay_broker_log(trio.lowlevel.FdStream(fd), sink)
+        finally:
+            done.set()
 
     @property
     def pid(self) -> int:
@@ -84,7 +121,11 @@ class ChildBroker:
                 await self._wait()
             if self._process.poll() is None:
                 self._process.kill()
-        return await self._wait()
+        status = await self._wait()
+        if self._relayed is not None:
+            with trio.move_on_after(BROKER_LOG_DRAIN_S):
+                await self._relayed.wait()
+        return status
 
 
 _PR_SET_PDEATHSIG = 1
@@ -104,7 +145,7 @@ def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
-        # The broker stays off the query CPUs (sandbox/cpus.py; issue 9 part 5).
+        # The broker stays off the query CPUs (sandbox/cpus.py).
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
 
@@ -131,18 +172,27 @@ def _spawn_broker(
 
 
 async def start_child_broker(options: Any, paths: RunPaths, env: Mapping[str, str]) -> ChildBroker:
-    """Start ``options.broker_command --config PATH`` (a ``BrokerStarter`` for ``run``)."""
-    stderr: int | None = None
+    """Start ``options.broker_command --config PATH`` (a ``BrokerStarter`` for ``run``).
+
+    The broker's stderr is ``options.broker_log`` (appended) when set, else
+    a pipe for :meth:`ChildBroker.relay_log`.
+    """
+    log_fd: int | None = None
     if options.broker_log is not None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
         stderr = os.open(options.broker_log, flags, 0o600)
+    else:
+        log_fd, stderr = os.pipe2(os.O_CLOEXEC)
     try:
         process = _spawn_broker(
             [*options.broker_command, "--config", str(paths.broker_config)],
             broker_environment(env),
             stderr,
         )
+    except BaseException:
+        if log_fd is not None:
+            os.close(log_fd)
+        raise
     finally:
-        if stderr is not None:
-            os.close(stderr)
-    return ChildBroker(process)
+        os.close(stderr)
+    return ChildBroker(process, log_fd)

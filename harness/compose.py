@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.sandbox import engine
 
 from .config import BoundedQueriesConfig
 from .paths import RunPaths
@@ -60,7 +62,6 @@ __all__ = [
 BROKER_IMAGE = "bounded-query-broker:latest"
 BROKER_SERVICE = "bounded-query-broker"
 AGENT_SERVICE = "agent"
-QUERY_IMAGE = DEFAULT_IMAGE
 #: Where the agent service sees its two mounts (spec 14.8).
 AGENT_SOCKET_DIR = "/run/awf-bounded-query"
 AGENT_SKILL_DIR = "/run/awf-bounded-query-skill"
@@ -176,7 +177,7 @@ def broker_image_context(context: Path, wheels: Path, base_id: str = "") -> str:
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "image"),
         )
     requirements = " ".join(p for p in _pins() if not p.startswith("pip"))
-    dockerfile = f"""FROM {QUERY_IMAGE}
+    dockerfile = f"""FROM {DEFAULT_IMAGE}
 USER 0:0
 COPY wheels /opt/bq-wheels
 RUN ["/bin/sh", "-c", "/usr/bin/python3 /opt/bq-wheels/{pip_wheel}/pip install --no-index \\
@@ -199,7 +200,7 @@ ENTRYPOINT ["/usr/bin/python3", "-m", "bounded_query.broker"]
 
 
 def ensure_broker_image(
-    docker_host: str, wheels: Path | None = None, query_image: str = QUERY_IMAGE
+    docker_host: str, wheels: Path | None = None, query_image: str = DEFAULT_IMAGE
 ) -> str:
     """Build the broker image unless an identical recipe is present; return the recipe.
 
@@ -213,7 +214,7 @@ def ensure_broker_image(
     """
     import docker
 
-    client = docker.DockerClient(base_url=docker_host, timeout=COMPOSE_TIMEOUT_S)
+    client = engine.docker_client(docker_host, COMPOSE_TIMEOUT_S)
     try:
         try:
             base_id = str(client.images.get(query_image).id)
@@ -249,7 +250,7 @@ def compose_document(
     config: BoundedQueriesConfig,
     run_id: str,
     *,
-    docker_socket: str = "/var/run/docker.sock",
+    docker_socket: str = policy.DEFAULT_DOCKER_SOCKET,
     workspace: Path | None = None,
     isolated_storage: bool = True,
 ) -> dict[str, Any]:
@@ -257,13 +258,13 @@ def compose_document(
 
     ``isolated_storage``: ``work/`` is the harness's quota mount (root), so
     the broker service gets ``SYS_ADMIN`` and an ``rshared`` bind of it to
-    mount each invocation's own tmpfs (issue 9). Without it (a harness that
+    mount each invocation's own tmpfs. Without it (a harness that
     is not root) neither is given: an ``rshared`` bind of a directory that is
     not a shared mount would fail ``compose up``; the run is degraded instead
     (the broker keeps the shared workspace, and the channel policy refuses
     mixed public and metered runs).
 
-    The agent service is confined like ``run``'s agent container (issue 8):
+    The agent service is confined like ``run``'s agent container:
     a non-root user, every capability dropped, no-new-privileges, its own
     PID namespace, no network, a read-only root file system, and only the
     socket directory (rw), the skill/wrapper directory (ro) and, when given,
@@ -277,7 +278,7 @@ def compose_document(
     if workspace is not None:
         agent_volumes.append(f"{workspace}:{workspace}:rw")
         agent_extra["working_dir"] = str(workspace)
-    # issue 9: the broker mounts each invocation's own tmpfs below work/
+    # the broker mounts each invocation's own tmpfs below work/
     # (sandbox/storage.py); rshared carries those mounts to the host, where
     # the engine binds them; SYS_ADMIN is for mount(2) only (the broker
     # already holds the Docker socket, which is root on the host anyway).
@@ -323,7 +324,7 @@ def compose_document(
                 "labels": {HARNESS_LABEL: run_id},
             },
             AGENT_SERVICE: {
-                "image": QUERY_IMAGE,
+                "image": DEFAULT_IMAGE,
                 "network_mode": "none",
                 "user": f"{AGENT_UID}:{AGENT_UID}",
                 "read_only": True,
@@ -335,9 +336,9 @@ def compose_document(
                 "volumes": agent_volumes,
                 **agent_extra,
                 "environment": {
-                    "AWF_BOUNDED_QUERY_SOCKET": f"{AGENT_SOCKET_DIR}/{paths.socket_path.name}",
-                    "AWF_BOUNDED_QUERY_SKILL": f"{AGENT_SKILL_DIR}/SKILL.md",
-                    "AWF_BOUNDED_QUERY_REPOS": ",".join(config.slugs),
+                    policy.ENV_SOCKET: f"{AGENT_SOCKET_DIR}/{paths.socket_path.name}",
+                    policy.ENV_SKILL: f"{AGENT_SKILL_DIR}/SKILL.md",
+                    policy.ENV_REPOS: ",".join(config.slugs),
                     "PATH": f"{AGENT_SKILL_DIR}/bin:/usr/bin:/bin",
                 },
                 "labels": {HARNESS_LABEL: run_id},
@@ -429,6 +430,10 @@ class ComposeBroker:
         if running == "true" or restarting == "true":
             return None
         return int(code)
+
+    async def relay_log(self, sink: Any) -> None:
+        """Nothing to relay: the engine keeps the service's output (``docker logs``)."""
+        del sink
 
     async def stop(self) -> int | None:
         """``docker-compose down`` (stops and removes both services)."""

@@ -38,12 +38,11 @@ from .events import EventSink
 from .options import EXIT_HARNESS, RunOptions
 from .outputs import remove_roots
 from .paths import RunPaths
-from .preflight import TOKEN_VARIABLES
 from .prepare import prepare
 from .quota import mount_work_quota, unmount
 from .reporting import load_reported
 from .teardown import reconcile_containers
-from .tokens import scrub_process_environment
+from .tokens import TOKEN_VARIABLES, scrub_process_environment
 
 __all__ = ["COMPOSE_STATE", "compose_down", "compose_up"]
 

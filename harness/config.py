@@ -38,13 +38,9 @@ from bounded_query.broker.protocol import policy
 from jsonschema import Draft202012Validator, validators
 
 __all__ = [
-    "DEFAULTS",
     "MAX_CONFIG_BYTES",
-    "RUN_BUDGETS",
     "SCHEMA_PATH",
     "SECTION",
-    "SENSITIVITIES",
-    "SLUG_RE",
     "BoundedQueriesConfig",
     "ConfigError",
     "LoadedConfig",
@@ -63,15 +59,6 @@ SCHEMA_PATH = Path(__file__).with_name("bounded-queries.schema.json")
 #: A configuration document larger than this is refused before parsing
 #: (a real one is a few kilobytes; this only bounds parser work).
 MAX_CONFIG_BYTES = 1024 * 1024
-#: Sensitivity classes and their run budgets in bits (spec 14.1); None means
-#: unmetered. These and the next three are the policy module's (one source).
-RUN_BUDGETS: Mapping[str, int | None] = policy.RUN_BUDGETS
-SENSITIVITIES = policy.SENSITIVITIES
-#: Defaults of spec 14.2.
-DEFAULTS: Mapping[str, Any] = policy.DEFAULTS
-#: The owner/repo slug rule, matched against the whole string with
-#: ``fullmatch`` (the schema file carries the same rule as a ``pattern``).
-SLUG_RE = policy.SLUG_RE
 _SLUG_HINT = (
     'use a bare "owner/repo" slug (letters, digits, "-" in the owner; letters, '
     'digits, ".", "_", "-" in the name; no "://", "..", "?", "#", "*" or extra "/")'
@@ -112,7 +99,7 @@ class PrivateRepo:
     @property
     def budget(self) -> int | None:
         """Run budget in bits, None when unmetered (spec 14.1)."""
-        return RUN_BUDGETS.get(self.sensitivity)
+        return policy.RUN_BUDGETS.get(self.sensitivity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +371,7 @@ def normalize(section: Mapping[str, Any] | None) -> tuple[BoundedQueriesConfig, 
             repos.append(PrivateRepo(entry, policy.LEGACY_SENSITIVITY))
         else:
             repos.append(PrivateRepo(entry["repo"], entry["sensitivity"]))
-    merged = {**DEFAULTS, **section}
+    merged = {**policy.DEFAULTS, **section}
     return (
         BoundedQueriesConfig(
             enabled=merged["enabled"] is True,

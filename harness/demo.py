@@ -1,4 +1,4 @@
-"""``bounded-query-harness demo``: the built-in example end to end (issue 5 item 7).
+"""``bounded-query-harness demo``: the built-in example end to end.
 
 Builds a small git repository from ``example/repo`` (three commits with fixed
 dates), stages it with ``--seed-source`` as the internal repository

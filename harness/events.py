@@ -8,7 +8,10 @@ record starts with ``_schema`` (:data:`EVENT_SCHEMA`, the AWF convention
 event's own fields follow and can never replace those three. The record type
 is described by the JSON Schema shipped as
 ``harness/schemas/bounded-query-event.v1.schema.json`` (:func:`schema_path`).
-Events carry only safe metadata: repository slugs, sensitivities, commits,
+The broker child's own stderr lines are relayed through the same sink as
+records of their own type, ``bounded-query-broker/v1`` (``broker_log.py``),
+so every line the harness writes to stderr is a versioned record. Events
+carry only safe metadata: repository slugs, sensitivities, commits,
 counts, durations, exit codes and operator-facing messages. They never carry
 tokens, scripts, query outputs or private-root paths.
 
@@ -24,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,7 +63,7 @@ class EventSink:
         """From now on, write ``label`` (for example ``<privateRoot>``) for ``path``.
 
         Events and degraded notes are operator-facing but still hold no host
-        path of the run's roots (issue 14 item 1): every string value of a
+        path of the run's roots: every string value of a
         record, nested ones included, has the registered paths replaced,
         longest first.
         """
@@ -84,8 +87,17 @@ class EventSink:
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line; never raises on a broken stream."""
+        self.relay(EVENT_SCHEMA, event, fields)
+
+    def relay(self, record_type: str, event: str, fields: Mapping[str, Any]) -> None:
+        """Write one record of another shipped type (``name/vN``, with its own
+        schema file) the way :meth:`emit` writes an event: the type, the
+        timestamp and the name first, the fields after (never replacing
+        those three), the registered paths redacted; never raises on a
+        broken stream. ``broker_log.py`` relays the broker's lines so.
+        """
         record: dict[str, Any] = {
-            "_schema": EVENT_SCHEMA,
+            "_schema": record_type,
             "timestamp": iso_utc(self._clock()),
             "event": event,
         }

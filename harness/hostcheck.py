@@ -1,4 +1,4 @@
-"""The fail-closed check before a host agent starts (issue 8 item 2; spec 14.8).
+"""The fail-closed check before a host agent starts (spec 14.8).
 
 Theory of operation: ``--agent-on-host --agent-user UID[:GID]`` runs the
 agent as that user on the host, which is only as safe as the host's

@@ -1,6 +1,6 @@
 """``bounded-query-harness images``: build and verify the images from the installed package.
 
-Theory of operation (issue 14 item 5): nothing can be pulled, so every image
+Theory of operation: nothing can be pulled, so every image
 the harness starts is built here from Debian packages by a recipe shipped as
 package data -- the query image (``sandbox/image/build.sh``, with the fixed
 entrypoint) and the built-in agent image (``sandbox/agent_image/build.sh``).
@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agent_spec import DEFAULT_AGENT_IMAGE
-from .preflight import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
 __all__ = ["RECIPES", "ImageRecipe", "build_images", "missing_hint", "recipe_script"]
 

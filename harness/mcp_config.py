@@ -1,4 +1,4 @@
-"""Client configuration for ``bounded-query-mcp`` (spec 14.8, issue 13).
+"""Client configuration for ``bounded-query-mcp`` (spec 14.8).
 
 Pure: :func:`render_mcp_config` returns the snippet one MCP client expects for
 a local stdio server named ``bounded-query`` that runs ``bounded-query-mcp``
@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from bounded_query.broker.protocol import policy
+
 __all__ = [
-    "AGENT_VARIABLES",
     "CLIENTS",
     "CONFIG_FILES",
     "SERVER_COMMAND",
@@ -39,8 +40,6 @@ SERVER_NAME = "bounded-query"
 #: The MCP server as the agent sees it: first on PATH from the wrapper directory.
 SERVER_COMMAND = "bounded-query-mcp"
 
-#: Spec 14.8: the three variables the agent is given (docs/architecture.md "Fixed interfaces").
-AGENT_VARIABLES = ("AWF_BOUNDED_QUERY_SOCKET", "AWF_BOUNDED_QUERY_SKILL", "AWF_BOUNDED_QUERY_REPOS")
 
 #: The supported clients and where their snippet goes.
 CONFIG_FILES: Mapping[str, str] = {
@@ -59,10 +58,10 @@ def server_env(values: Mapping[str, str] | None = None) -> dict[str, str]:
         ValueError: ``values`` names a variable that is not an agent variable.
     """
     given = dict(values or {})
-    unknown = sorted(set(given) - set(AGENT_VARIABLES))
+    unknown = sorted(set(given) - set(policy.AGENT_VARIABLES))
     if unknown:
         raise ValueError(f"not an agent variable: {', '.join(unknown)}")
-    return {name: given.get(name, "${" + name + "}") for name in AGENT_VARIABLES}
+    return {name: given.get(name, "${" + name + "}") for name in policy.AGENT_VARIABLES}
 
 
 def _toml_string(value: str) -> str:
@@ -78,13 +77,15 @@ def _codex(command: str, values: Mapping[str, str]) -> str:
         f"command = {_toml_string(command)}",
         "args = []",
     ]
-    forwarded = [name for name in AGENT_VARIABLES if name not in values]
+    forwarded = [name for name in policy.AGENT_VARIABLES if name not in values]
     if forwarded:
         lines.append("env_vars = [" + ", ".join(_toml_string(n) for n in forwarded) + "]")
     if values:
         lines += ["", f"[mcp_servers.{SERVER_NAME}.env]"]
         lines += [
-            f"{name} = {_toml_string(values[name])}" for name in AGENT_VARIABLES if name in values
+            f"{name} = {_toml_string(values[name])}"
+            for name in policy.AGENT_VARIABLES
+            if name in values
         ]
     return "\n".join(lines) + "\n"
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
-from .agent_spec import AGENT_NETWORK_DEFAULT, DEFAULT_AGENT_IMAGE, AgentUser
+from .agent_spec import AGENT_NETWORK_DEFAULT, AgentUser
 from .paths import DEFAULT_BASE, RunPaths
+
+if TYPE_CHECKING:
+    from .events import EventSink
 
 __all__ = [
     "AGENT_STOP_GRACE_S",
@@ -79,9 +82,10 @@ class RunOptions:
     agent_tty: bool | None = None
     #: Allow a non-https ``GITHUB_SERVER_URL`` (local test servers only).
     allow_insecure_server: bool = False
-    #: ``--allow-runc-mixed-sensitivity``: accept a public + metered run where
-    #: cross-invocation channels stay open, degraded (harness/channel_policy.py).
-    allow_mixed_sensitivity: bool = False
+    #: ``--allow-cross-invocation-channels``: accept a run whose repositories share
+    #: the host while cross-invocation channels stay open, degraded
+    #: (harness/channel_policy.py).
+    allow_open_channels: bool = False
     #: ``--keep-state DIR``: copy the journal, audit log, seed map and broker
     #: config there at teardown, for ``report --state DIR`` (``report.py``).
     keep_state: Path | None = None
@@ -99,6 +103,12 @@ class BrokerHandle(Protocol):
 
     async def stop(self) -> int | None:
         """Stop it (SIGTERM, then SIGKILL); return the exit status if known."""
+        ...
+
+    async def relay_log(self, sink: EventSink) -> None:
+        """Relay the broker's stderr lines through ``sink`` as versioned records
+        until it closes (``broker_log.py``); returns at once where something
+        else keeps the broker's output (a log file, the engine's logs)."""
         ...
 
 

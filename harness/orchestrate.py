@@ -7,11 +7,13 @@ left by a harness killed with SIGKILL, preflight, private root with its
 owner record, staging, seed map, broker config, skill and wrapper) -> the
 workspace quota (a size-limited tmpfs over the private root's ``work/``,
 ``quota.py``; or the run is reported degraded) -> the broker (a child
-process in its own session, ``child.py``; or the compose service) ->
+process in its own session, ``child.py``, whose stderr lines are relayed as
+``bounded-query-broker/v1`` records until teardown, ``broker_log.py``; or
+the compose service) ->
 readiness (the broker's ``control/ready`` file) -> the agent
 (``supervise.py``) -> teardown (``teardown.py``).
 
-The agent is confined (issue 8): by default it runs in its own container;
+The agent is confined: by default it runs in its own container;
 with ``--agent-on-host`` as an unprivileged user after the host check; as
 the harness's own uid only with ``--unconfined-agent``, and then the run is
 degraded. With the section absent or not enabled, nothing is staged or
@@ -23,8 +25,11 @@ from the run's environment as soon as staging is over: only the clone
 children ever hold it.
 
 Teardown runs on every path (normal exit, failure, SIGINT/SIGTERM/SIGHUP),
-shielded from cancellation. The broker child also carries a parent-death
-signal (SIGTERM), so it does not outlive a harness killed with SIGKILL.
+shielded from cancellation. On the one path it cannot run, a SIGKILL, the
+detached reaper (``reaper.py``, armed by ``prepare.py`` once the roots
+exist; the broker child and a host agent are watched by pidfd as they
+start) removes the run within seconds; the broker child also carries a
+parent-death signal (SIGTERM).
 Exit status: see ``options.py``. A signal while the agent runs is forwarded
 to it; an agent that has not exited ``stop_grace`` seconds later (or at a
 second signal) is terminated, then killed (``supervise.py``).
@@ -40,13 +45,15 @@ from functools import partial
 import trio
 from bounded_query.broker.protocol.policy import parse_memory_limit
 from bounded_query.broker.readiness import decode_ready
+from bounded_query.broker.runner import Degradation
 
+from .channel_policy import ChannelDecision, channel_decision, pin_missing
 from .child import start_child_broker
 from .events import EventSink
 from .options import EXIT_HARNESS, READY_POLL_S, BrokerHandle, BrokerStarter, RunOptions
 from .paths import RunPaths
-from .plan import agent_mode_problems, choose_agent_user, final_status, plan_run
-from .preflight import TOKEN_VARIABLES, docker_host_from_env
+from .plan import RunPlan, agent_mode_problems, choose_agent_user, final_status, plan_run
+from .preflight import docker_host_from_env
 from .prepare import execute_plan, new_run_id
 from .progress import AuditFollower, follow_audit
 from .quota import mount_work_quota
@@ -58,13 +65,14 @@ from .supervise import (
     host_launcher,
     run_confined_agent,
     start_agent,
+    watch_child,
     watch_signals,
     workspace_owner,
 )
 from .teardown import RunState, summarize, teardown
-from .tokens import scrub_process_environment
+from .tokens import TOKEN_VARIABLES, scrub_process_environment
 
-__all__ = ["run", "wait_ready"]
+__all__ = ["readiness_decision", "report_lost_protections", "run", "wait_ready"]
 
 
 def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int | None]:
@@ -80,27 +88,67 @@ def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int
 
 async def wait_ready(
     paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
-) -> bool:
-    """Wait up to ``limit_s`` for the broker's ready file; False (reported) if it exits first.
+) -> tuple[Degradation, ...] | None:
+    """Wait up to ``limit_s`` for the broker's ready file; None (reported) if it exits first.
 
-    Each protection the file says the runner could not set up (a
-    ``degraded`` entry, ``broker/readiness.py``) becomes a ``degraded``
-    event, and so part of the step summary, before the agent starts.
+    Returns the protections the file says the runner could not set up (a
+    ``degraded`` entry, ``broker/readiness.py``; empty when none). Each
+    becomes a ``degraded`` event, and so part of the step summary, before
+    the agent starts; the caller asks the channel policy whether the run
+    may go on without them (:func:`readiness_problem`).
     """
     with trio.move_on_after(limit_s):
         while True:
             ready, status = await trio.to_thread.run_sync(_probe_ready, paths, broker)
             if ready is not None:
                 sink.emit("broker_ready")
-                for missing in decode_ready(ready):
+                announced = decode_ready(ready)
+                for missing in announced:
                     sink.degrade(missing.subsystem, missing.reason)
-                return True
+                return announced
             if status is not None:
                 sink.emit("broker_failed", message=f"the broker exited with status {status}")
-                return False
+                return None
             await trio.sleep(READY_POLL_S)
     sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s")
-    return False
+    return None
+
+
+async def report_lost_protections(
+    paths: RunPaths, broker: BrokerHandle, announced: tuple[Degradation, ...], sink: EventSink
+) -> None:
+    """After the agent: report what the broker lost during the run (it then halted).
+
+    The broker rewrites its readiness file when a protection is lost mid-run
+    (``broker/server.py``); each entry not announced at start becomes a
+    ``degraded`` event and a ``broker_halted`` event (the step summary shows
+    the former).
+    """
+    ready, _ = await trio.to_thread.run_sync(_probe_ready, paths, broker)
+    if not ready:  # gone with the broker (reported apart) or not ours to read
+        return
+    for missing in decode_ready(ready):
+        if missing not in announced:
+            sink.emit("broker_halted", subsystem=missing.subsystem)
+            sink.degrade(missing.subsystem, missing.reason)
+
+
+def readiness_decision(plan: RunPlan, announced: tuple[Degradation, ...]) -> ChannelDecision:
+    """The channel policy again, now that the broker said whether the pin runs (pure).
+
+    Preflight assumed the page-cache pin; a sharing run refused only because
+    it is missing is refused here, before the agent starts, and one the
+    operator accepted gets the notice naming the page cache
+    (``channel_policy.py``).
+    """
+    inputs = plan.preflight
+    return channel_decision(
+        inputs.config.runtime,
+        (repo.sensitivity for repo in inputs.config.private_repos),
+        isolated_storage=inputs.isolated_storage,
+        allow_open=inputs.allow_open_channels,
+        pinned=not pin_missing(announced),
+    )
 
 
 async def _run_agent_only(options: RunOptions, env: Mapping[str, str], sink: EventSink) -> int:
@@ -180,55 +228,76 @@ async def run(
         euid=os.geteuid(),
         socket_gid=None if user is None else user.gid,
     )
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_signals, sup, sink)
-            with sup.cancel:
-                if await execute_plan(plan, options, config, env, state, sink):
-                    for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
-                        env.pop(name, None)
-                    paths = plan.paths
-                    phase = "broker"
-                    state.work_quota = await mount_work_quota(
-                        paths.workspaces_dir, parse_memory_limit(config.memory_limit), sink
-                    )
-                    starter = start_broker or start_child_broker
-                    state.broker = broker = await starter(options, paths, env)
-                    sink.emit("broker_started")
-                    if await wait_ready(paths, broker, options.ready_timeout, sink):
-                        phase = "agent"
-                        progress = options.progress
-                        if progress is None:
-                            progress = sys.stderr.isatty()
-                        if progress:
-                            state.progress = AuditFollower()
-                            nursery.start_soon(
-                                partial(
-                                    follow_audit,
-                                    paths.audit_log,
-                                    print_progress,
-                                    follower=state.progress,
-                                )
-                            )
-                        status = await run_confined_agent(
-                            options,
-                            env,
-                            sup,
-                            user,
-                            sink,
-                            paths=paths,
-                            config=config,
-                            run_id=plan.run_id,
-                            docker_host=plan.docker_host,
-                            broker_pid=getattr(broker, "pid", None),
+    # The broker's stderr relay (broker_log.py) lives until teardown has
+    # stopped the broker and relayed its last lines; it is cancelled after.
+    async with trio.open_nursery() as logs:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_signals, sup, sink)
+                with sup.cancel:
+                    if await execute_plan(plan, options, config, env, state, sink):
+                        sup.reaper = state.reaper
+                        for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
+                            env.pop(name, None)
+                        paths = plan.paths
+                        phase = "broker"
+                        state.work_quota = await mount_work_quota(
+                            paths.workspaces_dir, parse_memory_limit(config.memory_limit), sink
                         )
-                        if await trio.to_thread.run_sync(broker.exited) is not None:
-                            state.degraded_notes.append(
-                                "the broker exited while the agent ran; later queries failed"
+                        starter = start_broker or start_child_broker
+                        state.broker = broker = await starter(options, paths, env)
+                        logs.start_soon(broker.relay_log, sink)
+                        watch_child(state.reaper, "broker", getattr(broker, "pid", None), sink)
+                        sink.emit("broker_started")
+                        announced = await wait_ready(paths, broker, options.ready_timeout, sink)
+                        verdict = ChannelDecision()
+                        if announced is not None and pin_missing(announced):
+                            verdict = readiness_decision(plan, announced)
+                        if verdict.degraded is not None:
+                            sink.degrade("cross-invocation channels", verdict.degraded)
+                        if verdict.problem is not None:
+                            # Still before the agent: a preflight failure (exit 2).
+                            phase = "preflight"
+                            problems_event(sink, "preflight_error", [verdict.problem])
+                            sink.emit("preflight_failed", problems=1)
+                        elif announced is not None:
+                            phase = "agent"
+                            progress = options.progress
+                            if progress is None:
+                                progress = sys.stderr.isatty()
+                            if progress:
+                                state.progress = AuditFollower()
+                                nursery.start_soon(
+                                    partial(
+                                        follow_audit,
+                                        paths.audit_log,
+                                        print_progress,
+                                        follower=state.progress,
+                                    )
+                                )
+                            status = await run_confined_agent(
+                                options,
+                                env,
+                                sup,
+                                user,
+                                sink,
+                                paths=paths,
+                                config=config,
+                                run_id=plan.run_id,
+                                docker_host=plan.docker_host,
+                                broker_pid=getattr(broker, "pid", None),
                             )
-            nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            status = final_status(status, sup.signal_number, sup.agent_done)
-            await teardown(state, sink, env, status=status, phase=phase, keep=options.keep_state)
+                            await report_lost_protections(paths, broker, announced, sink)
+                            if await trio.to_thread.run_sync(broker.exited) is not None:
+                                state.degraded_notes.append(
+                                    "the broker exited while the agent ran; later queries failed"
+                                )
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                status = final_status(status, sup.signal_number, sup.agent_done)
+                await teardown(
+                    state, sink, env, status=status, phase=phase, keep=options.keep_state
+                )
+        logs.cancel_scope.cancel()
     return status

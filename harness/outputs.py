@@ -18,18 +18,24 @@ import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from bounded_query.broker import protocol
+from bounded_query.broker.config import (
+    BrokerConfig,
+    SeedEntry,
+    SeedMap,
+    encode_config,
+    encode_seed_map,
+)
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IMAGE
 
 from .config import BoundedQueriesConfig
 from .paths import RunPaths
 from .skill import render_skill
-from .staging import StagedSeed, remove_tree
+from .staging import StagedSeed, remove_read_only_tree
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "broker_config_doc",
     "create_ingress_root",
     "install_wrapper_dir",
@@ -54,20 +60,10 @@ def _wrapper_source_dir() -> Path:
     return Path(next(iter(wrapper_pkg.__path__)))
 
 
-def seed_map_doc(seeds: Iterable[StagedSeed]) -> dict[str, Any]:
-    """The seed map document (spec 14.6)."""
-    return {
-        "version": 1,
-        "repos": [
-            {
-                "repo": s.repo,
-                "seedId": s.seed_id,
-                "sensitivity": s.sensitivity,
-                "commit": s.commit,
-            }
-            for s in seeds
-        ],
-    }
+def seed_map_doc(seeds: Iterable[StagedSeed]) -> dict[str, object]:
+    """The seed map document (spec 14.6), through the broker's own codec."""
+    entries = {s.repo.lower(): SeedEntry(s.repo, s.seed_id, s.sensitivity, s.commit) for s in seeds}
+    return encode_seed_map(SeedMap(entries))
 
 
 def broker_config_doc(
@@ -79,28 +75,29 @@ def broker_config_doc(
     docker_host: str = DEFAULT_DOCKER_HOST,
     host_path_map: Mapping[str, str] | None = None,
     socket_gid: int | None = None,
-) -> dict[str, Any]:
-    """The broker config document (``bounded-query-broker --config``).
+) -> dict[str, object]:
+    """The broker config document (``bounded-query-broker --config``), through its codec.
 
     ``socket_gid`` is the agent's gid: the broker makes the socket directory
     and the socket that group's (0770/0660), so the agent can connect.
     """
-    return {
-        "version": 1,
-        "runId": run_id,
-        "socketPath": str(paths.socket_path),
-        "socketUid": None,
-        "socketGid": socket_gid,
-        "privateRoot": str(paths.private_root),
-        "seedMap": str(paths.seed_map),
-        "runtime": config.runtime,
-        "timeout": config.timeout,
-        "memoryLimit": config.memory_limit,
-        "maxInvocations": config.max_invocations,
-        "image": image,
-        "dockerHost": docker_host,
-        "hostPathMap": dict(host_path_map or {}),
-    }
+    document = BrokerConfig(
+        run_id=run_id,
+        socket_path=paths.socket_path,
+        socket_uid=None,
+        socket_gid=socket_gid,
+        private_root=paths.private_root,
+        seed_map_path=paths.seed_map,
+        runtime=config.runtime,
+        timeout_s=config.timeout,
+        memory_limit=config.memory_limit,
+        memory_bytes=policy.parse_memory_limit(config.memory_limit),
+        max_invocations=config.max_invocations,
+        image=image,
+        docker_host=docker_host,
+        host_path_map=tuple(sorted((host_path_map or {}).items())),
+    )
+    return encode_config(document)
 
 
 def write_json_private(path: Path, document: object) -> None:
@@ -167,4 +164,4 @@ def write_agent_side(paths: RunPaths, config: BoundedQueriesConfig) -> None:
 def remove_roots(paths: RunPaths) -> None:
     """Delete both roots (teardown)."""
     for root in (paths.ingress_root, paths.private_root):
-        remove_tree(root)
+        remove_read_only_tree(root)

@@ -53,7 +53,7 @@ INGRESS_PREFIX = "awf-bounded-query-ingress-"
 #: Used when the harness is not root.
 PRIVATE_ROOT_MODE = 0o711
 #: As root the private root and ``seeds/`` are ``root:65534`` 0710: only the
-#: query's group traverses them, no other user does (issue 8: a host agent).
+#: query's group traverses them, no other user does (a host agent among them).
 PRIVATE_ROOT_MODE_ROOT = 0o710
 #: Hex digits of the per-run digest in the root names.
 DIGEST_CHARS = 16

@@ -13,7 +13,7 @@ and tested here as tables.
   inputs (what the agent can see), what to stage, the cross-invocation
   channel decision and the broker configuration document.
 * :func:`choose_agent_user` and :func:`agent_mode_problems` -- who the agent
-  runs as, and why a requested agent mode is refused (issue 8 item 2).
+  runs as, and why a requested agent mode is refused.
 * :func:`plan_teardown`, :func:`summary_kind`, :func:`final_status` -- what
   teardown undoes, which step summary is written, and the exit status after
   a signal (``options.py``).
@@ -107,14 +107,14 @@ def plan_run(
         seed_sources=dict(options.seed_sources),
         agent_visible=(Path("/tmp"), options.workspace, *home, *options.agent_mounts),
         allow_insecure_server=options.allow_insecure_server,
-        allow_mixed_sensitivity=options.allow_mixed_sensitivity,
+        allow_open_channels=options.allow_open_channels,
         isolated_storage=euid == 0,
     )
     channels = channel_decision(
         config.runtime,
         (repo.sensitivity for repo in config.private_repos),
         isolated_storage=inputs.isolated_storage,
-        allow_mixed=inputs.allow_mixed_sensitivity,
+        allow_open=inputs.allow_open_channels,
     )
     seeds = tuple(
         SeedSpec(repo, options.seed_sources.get(repo.repo.lower())) for repo in config.private_repos
@@ -165,7 +165,7 @@ def agent_mode_problems(
     harness_uid: int,
     docker_host: str = DEFAULT_DOCKER_HOST,
 ) -> list[Problem]:
-    """Why the requested agent mode is refused (empty: allowed); issue 8 item 2."""
+    """Why the requested agent mode is refused (empty: allowed)."""
     where = "--agent-on-host"
     if options.unconfined_agent and not options.agent_on_host:
         return [

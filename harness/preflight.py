@@ -25,7 +25,6 @@ import trio
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import (
     DEFAULT_DOCKER_HOST,
-    DEFAULT_IMAGE,
     MAX_INVOCATIONS,
     MAX_TIMEOUT_S,
     MIN_INVOCATIONS,
@@ -34,16 +33,16 @@ from bounded_query.broker.protocol.policy import (
     parse_memory_limit,
 )
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
+from bounded_query.sandbox import engine
 
 from .channel_policy import channel_decision
-from .config import SLUG_RE, BoundedQueriesConfig, Problem
+from .config import BoundedQueriesConfig, Problem
+from .images import missing_hint
 from .paths import RunPaths, overlap_problems
 from .staging import StagingError, server_url
+from .tokens import TOKEN_VARIABLES
 
 __all__ = [
-    "DEFAULT_DOCKER_HOST",
-    "DEFAULT_IMAGE",
-    "MAX_TIMEOUT_S",
     "PreflightError",
     "PreflightInputs",
     "docker_host_from_env",
@@ -51,9 +50,6 @@ __all__ = [
     "staging_token",
     "static_problems",
 ]
-
-#: Environment variables that may hold the staging credential, in order.
-TOKEN_VARIABLES = ("GH_TOKEN", "GITHUB_TOKEN")
 
 
 class PreflightError(Exception):
@@ -75,8 +71,8 @@ class PreflightInputs:
     agent_visible: tuple[Path, ...] = ()
     #: ``--allow-insecure-server-url``: accept a plain-http GITHUB_SERVER_URL.
     allow_insecure_server: bool = False
-    #: ``--allow-runc-mixed-sensitivity`` (harness/channel_policy.py).
-    allow_mixed_sensitivity: bool = False
+    #: ``--allow-cross-invocation-channels`` (harness/channel_policy.py).
+    allow_open_channels: bool = False
     #: The broker can give each invocation its own tmpfs (it runs as root).
     isolated_storage: bool = False
 
@@ -108,7 +104,7 @@ def _repo_problems(config: BoundedQueriesConfig) -> list[Problem]:
     seen: dict[str, int] = {}
     for index, repo in enumerate(config.private_repos):
         where = f"boundedQueries.privateRepos[{index}]"
-        if not isinstance(repo.repo, str) or SLUG_RE.fullmatch(repo.repo) is None:
+        if not isinstance(repo.repo, str) or policy.SLUG_RE.fullmatch(repo.repo) is None:
             problems.append(Problem(where, f"unsafe slug {repo.repo!r}", 'use "owner/repo"'))
             continue
         key = repo.repo.lower()
@@ -166,7 +162,7 @@ def _limit_problems(config: BoundedQueriesConfig) -> list[Problem]:
 
 def _docker_host_problems(env: Mapping[str, str]) -> list[Problem]:
     host = docker_host_from_env(env)
-    if not host.startswith("unix:///"):
+    if not policy.docker_socket_path(host).startswith("/"):
         return [
             Problem(
                 "DOCKER_HOST",
@@ -228,7 +224,7 @@ def channel_problems(inputs: PreflightInputs) -> list[Problem]:
         inputs.config.runtime,
         (repo.sensitivity for repo in inputs.config.private_repos),
         isolated_storage=inputs.isolated_storage,
-        allow_mixed=inputs.allow_mixed_sensitivity,
+        allow_open=inputs.allow_open_channels,
     )
     return [] if decision.problem is None else [decision.problem]
 
@@ -253,22 +249,23 @@ def static_problems(inputs: PreflightInputs) -> list[Problem]:
 
 
 def _docker_client(docker_host: str) -> Any:
-    import docker
-
-    return docker.DockerClient(base_url=docker_host, timeout=30)
+    return engine.docker_client(docker_host, 30)
 
 
 def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem]:
-    from .images import missing_hint  # images -> agent_spec -> preflight
 
     unreachable = _docker_host_problems({"DOCKER_HOST": docker_host})
     if unreachable:
         # Checked first: the SDK leaks a socket when it cannot connect at all.
-        return [Problem("docker", unreachable[0].message, unreachable[0].hint)]
+        return [Problem(policy.RUNTIME_DOCKER, unreachable[0].message, unreachable[0].hint)]
     try:
         client = _docker_client(docker_host)
     except Exception as exc:
-        return [Problem("docker", f"cannot connect to {docker_host}: {exc}", "start the engine")]
+        return [
+            Problem(
+                policy.RUNTIME_DOCKER, f"cannot connect to {docker_host}: {exc}", "start the engine"
+            )
+        ]
     try:
         info = client.info()
         problems: list[Problem] = []
@@ -293,7 +290,11 @@ def _engine_problems(docker_host: str, image: str, runtime: str) -> list[Problem
             )
         return problems
     except Exception as exc:
-        return [Problem("docker", f"engine at {docker_host} does not answer: {exc}", "start it")]
+        return [
+            Problem(
+                policy.RUNTIME_DOCKER, f"engine at {docker_host} does not answer: {exc}", "start it"
+            )
+        ]
     finally:
         client.close()
 

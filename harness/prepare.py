@@ -9,7 +9,8 @@ stopping at the first failure (which it reports; the caller tears down):
 2. static preflight, then (unless disabled) the runtime probe;
 3. the private root and its owner record (``sweep.py``), recorded in the
    :class:`.teardown.RunState` as soon as it exists, so teardown deletes it
-   on every later path;
+   on every later path; for ``run``, the detached reaper (``reaper.py``),
+   which deletes it on the one path teardown never runs, a SIGKILL;
 4. offline staging with the staging token, which no later phase sees;
 5. the seed map, the broker configuration, the skill and the wrapper
    directory; the socket directory is given to the agent's group.
@@ -32,6 +33,7 @@ import trio
 from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME
 
 from .agent import sweep_agent_containers
+from .channel_policy import NON_ROOT_MISSING
 from .config import BoundedQueriesConfig, LoadedConfig
 from .events import EventSink
 from .options import RunOptions
@@ -41,7 +43,7 @@ from .plan import RunPlan, plan_run
 from .preflight import runtime_problems, staging_token, static_problems
 from .reporting import problems_event
 from .staging import StagedSeed, StagingError, create_private_root, stage_seeds
-from .sweep import MODE_COMPOSE, current_owner, sweep_stale_roots, write_owner_record
+from .sweep import MODE_COMPOSE, MODE_RUN, current_owner, sweep_stale_roots, write_owner_record
 from .teardown import RunState, reconcile_containers, remove_created_roots
 
 __all__ = ["PreparedRun", "execute_plan", "new_run_id", "prepare"]
@@ -68,6 +70,24 @@ def _run_reconciler(docker_host: str) -> Callable[[str], object] | None:
     if not docker_host.startswith(DOCKER_UNIX_SCHEME):
         return None
     return functools.partial(reconcile_containers, docker_host)
+
+
+async def _start_reaper(
+    plan: RunPlan, env: Mapping[str, str], state: RunState, sink: EventSink
+) -> None:
+    """Arm the reaper for this run; without one the run goes on, degraded (the
+    next sweep is then the only cleanup after a SIGKILL)."""
+    from .reaper import Arm, start_reaper  # also its process's __main__: imported late
+
+    paths = plan.paths
+    try:
+        roots = (str(paths.private_root), str(paths.ingress_root))
+        arm = Arm(plan.run_id, plan.docker_host, *roots, session=os.getsid(0))
+        state.reaper = await trio.to_thread.run_sync(start_reaper, arm, env)
+    except (OSError, ValueError) as exc:
+        sink.degrade("reaper", f"the reaper did not start ({exc})")
+        return
+    sink.emit("reaper_armed", pid=state.reaper.pid)
 
 
 def _write_owner(plan: RunPlan) -> None:
@@ -109,6 +129,8 @@ async def execute_plan(
         sink.emit("preflight_failed", problems=len(problems))
         return False
     sink.emit("preflight_passed", runtime=config.runtime)
+    if not plan.preflight.isolated_storage:
+        sink.degrade(NON_ROOT_MISSING.subsystem, NON_ROOT_MISSING.reason)
     if plan.channels.degraded is not None:
         sink.degrade("cross-invocation channels", plan.channels.degraded)
     try:
@@ -123,6 +145,8 @@ async def execute_plan(
     except OSError as exc:
         sink.emit("staging_failed", message=f"cannot write the owner record: {exc.strerror or exc}")
         return False
+    if plan.owner_mode == MODE_RUN:
+        await _start_reaper(plan, env, state, sink)
 
     def staged(seed: StagedSeed) -> None:
         sink.emit(

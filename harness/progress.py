@@ -1,4 +1,4 @@
-"""One human line per answered invocation, for an operator at a terminal (issue 14 item 6).
+"""One human line per answered invocation, for an operator at a terminal.
 
 Theory of operation: the broker writes one protected audit record per
 counted response (``broker/audit.py``); while the agent runs, the harness
@@ -12,13 +12,12 @@ or a malformed line prints nothing.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import trio
+from bounded_query.broker.audit import AuditLine, RefusalSummary, Truncation, parse_line
 from bounded_query.broker.timing import bucket_label
 
 __all__ = [
@@ -42,24 +41,17 @@ def _bucket(ms: object) -> str:
     return bucket_label(ms)
 
 
-def human_line(record: Mapping[str, Any]) -> str | None:
-    """The terminal line for one audit record, or None for nothing to say (pure)."""
-    category = record.get("category")
-    if not isinstance(category, str):
-        return None
-    if category == "refusal-summary":
-        counts = record.get("counts")
-        if not isinstance(counts, dict):
-            return None
-        parts = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-        return f"bounded-query: {record.get('total', '?')} uncounted refusals ({parts})"
-    if category == "audit-truncated":
+def human_line(record: AuditLine) -> str | None:
+    """The terminal line for one decoded audit line (pure)."""
+    if isinstance(record, RefusalSummary):
+        parts = ", ".join(f"{k}: {v}" for k, v in record.counts)
+        return f"bounded-query: {record.total} uncounted refusals ({parts})"
+    if isinstance(record, Truncation):
         return "bounded-query: the audit log reached its size cap; later answers are not listed"
-    repo = record.get("repo") if isinstance(record.get("repo"), str) else "(no configured repo)"
-    kind = record.get("kind") if isinstance(record.get("kind"), str) else "?"
-    charge = record.get("charge")
-    bits = f"{charge} bits" if isinstance(charge, int) and not isinstance(charge, bool) else "—"
-    return f"bounded-query: {repo}  {kind}  {bits}  {_bucket(record.get('bucketMs'))}  {category}"
+    repo = record.repo if record.repo is not None else "(no configured repo)"
+    kind = record.kind if record.kind is not None else "?"
+    bits = f"{record.charge} bits" if record.charge is not None else "—"
+    return f"bounded-query: {repo}  {kind}  {bits}  {_bucket(record.bucket_ms)}  {record.category}"
 
 
 class AuditFollower:
@@ -69,20 +61,13 @@ class AuditFollower:
         self.offset = 0
         self._partial = b""
 
-    def feed(self, data: bytes) -> list[Mapping[str, Any]]:
-        """Records completed by ``data`` (the bytes after :attr:`offset`)."""
+    def feed(self, data: bytes) -> list[AuditLine]:
+        """Records completed by ``data`` (the bytes after :attr:`offset`), decoded."""
         self.offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        out: list[Mapping[str, Any]] = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-        return out
+        decoded = (parse_line(line) for line in lines)
+        return [record for record in decoded if record is not None]
 
 
 def _read_after(path: Path, offset: int) -> bytes:

@@ -35,7 +35,7 @@ Unmounting never blocks teardown: a plain unmount, then a lazy (detached)
 one when something still holds the file system (for example the overlay of
 a container the engine has not finished removing).
 
-Per-invocation storage (issue 9): inside this run-wide tmpfs the broker's
+Per-invocation storage: inside this run-wide tmpfs the broker's
 runner mounts a fresh tmpfs of the same size over each invocation's
 workspace (``sandbox/storage.py``), so no inode counter or free-space figure
 is shared between invocations; the run-wide one remains the outer bound (and

@@ -1,4 +1,4 @@
-"""``bounded-query-harness report --state DIR``: the summary of a kept run (issue 14 item 3).
+"""``bounded-query-harness report --state DIR``: the summary of a kept run.
 
 Theory of operation: a run's private root holds everything the step summary
 is made of -- the seed map (which repositories, at which sensitivity), the

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bounded_query.broker import protocol
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.timing import bucket_label
 
 from .config import BoundedQueriesConfig
@@ -251,7 +252,7 @@ def _mcp_section() -> list[str]:
 
 def render_skill(config: BoundedQueriesConfig) -> str:
     """The SKILL.md text for ``config`` (spec 14.8)."""
-    usable = [r.repo for r in config.private_repos if r.sensitivity != "sealed"]
+    usable = [r.repo for r in config.private_repos if r.sensitivity != policy.SENSITIVITY_SEALED]
     first = usable[0] if usable else "owner/repo"
     buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
     status = protocol.RESULT_STATUS_BIT_COST

@@ -55,7 +55,6 @@ from .config import PrivateRepo
 from .paths import PRIVATE_ROOT_MODE, PRIVATE_ROOT_MODE_ROOT, RunPaths
 
 __all__ = [
-    "QUERY_UID",
     "SeedSpec",
     "StagedSeed",
     "StagingError",
@@ -63,7 +62,7 @@ __all__ = [
     "create_private_root",
     "make_read_only",
     "reject_external_references",
-    "remove_tree",
+    "remove_read_only_tree",
     "scrub",
     "server_url",
     "stage_seeds",
@@ -178,7 +177,7 @@ def create_private_root(paths: RunPaths) -> None:
 
     As root both are ``root:65534`` 0710 (:data:`PRIVATE_ROOT_MODE_ROOT`):
     only the query's group may traverse them, so no other unprivileged user
-    (a host agent, issue 8) can reach anything below. Otherwise (a
+    (a host agent) can reach anything below. Otherwise (a
     non-root harness cannot give a directory to group 65534) 0711.
 
     Raises:
@@ -199,8 +198,12 @@ def create_private_root(paths: RunPaths) -> None:
         raise StagingError(f"cannot create the private root: {exc.strerror}") from None
 
 
-def remove_tree(path: Path) -> None:
-    """Delete ``path`` recursively, restoring write bits where needed."""
+def remove_read_only_tree(path: Path) -> None:
+    """Delete ``path`` recursively, restoring write bits where needed (a sealed seed, the roots).
+
+    Unlike the broker's ``workspace.remove_tree`` (hostile trees, never raises), this one
+    deletes trees we made and raises ``OSError`` when it cannot.
+    """
 
     def retry(function: Callable[..., object], failed: str, _exc: object) -> None:
         parent = os.path.dirname(failed)
@@ -378,7 +381,7 @@ def scrub(seed: Path, home: Path) -> None:
     # "remotes" and "branches" are git's legacy remote definitions;
     # "config.worktree" is per-worktree config (it may hold credentials too).
     for name in ("hooks", "logs", "worktrees", "refs/remotes", "remotes", "branches"):
-        remove_tree(dot_git / name)
+        remove_read_only_tree(dot_git / name)
     for name in (
         "FETCH_HEAD",
         "ORIG_HEAD",
@@ -388,7 +391,7 @@ def scrub(seed: Path, home: Path) -> None:
         "gitdir",
         "config.worktree",
     ):
-        remove_tree(dot_git / name)
+        remove_read_only_tree(dot_git / name)
     packed = dot_git / "packed-refs"
     if packed.exists():
         kept: list[str] = []
@@ -544,7 +547,7 @@ def _stage_one(
             raise
         raise StagingError(f"{spec.repo.repo}: {exc}") from None
     finally:
-        remove_tree(staging)
+        remove_read_only_tree(staging)
     return StagedSeed(
         repo=spec.repo.repo,
         sensitivity=spec.repo.sensitivity,

@@ -6,7 +6,7 @@ invocation, and a category for every refusal it counted) and joins it with
 its protected audit log (each response's
 timing bucket, category and, when the request named a configured slug, its
 repository) on the invocation id. Every counted response is then explained
-(issue 14 item 2): launched ones under their repository, refusals under the
+: launched ones under their repository, refusals under the
 repository they named or as *not attributable* (an invalid or unconfigured
 repository, a malformed frame), and answers past the cap from the audit's
 refusal summaries.
@@ -20,17 +20,15 @@ rows stop at a byte budget with a line saying how many were left out.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from bounded_query.broker.audit import AuditRecord, RefusalSummary, parse_line
 from bounded_query.broker.journal import JournalCorrupt, decode_journal
 from bounded_query.broker.ledger import Ledger
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.timing import bucket_label
-
-from .config import RUN_BUDGETS
 
 __all__ = [
     "MAX_SUMMARY_BYTES",
@@ -46,8 +44,8 @@ __all__ = [
 MAX_SUMMARY_BYTES = 1024 * 1024 - 64 * 1024
 #: The row label of counted refusals that name no configured repository.
 NOT_ATTRIBUTABLE = "not attributable"
-#: Audit categories that are records about the log, not responses.
-_LOG_CATEGORIES = frozenset({"refusal-summary", "audit-truncated"})
+#: What an invocation without an audit line reads as (its outcome unknown).
+_UNAUDITED = AuditRecord("-", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +64,7 @@ class RepoUsage:
     @property
     def budget(self) -> int | None:
         """The run budget in bits, None when unmetered."""
-        return RUN_BUDGETS.get(self.sensitivity)
+        return policy.RUN_BUDGETS.get(self.sensitivity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,25 +97,17 @@ class RunUsage:
     responses: tuple[Response, ...] = ()
 
 
-def _audit_records(lines: Iterable[bytes]) -> tuple[dict[str, dict[str, Any]], Counter[str]]:
-    """Audit records by invocation id, and the summed counts of refusal summaries."""
-    out: dict[str, dict[str, Any]] = {}
+def _audit_records(lines: Iterable[bytes]) -> tuple[dict[str, AuditRecord], Counter[str]]:
+    """Audit answers by invocation id, and the summed counts of refusal summaries."""
+    out: dict[str, AuditRecord] = {}
     uncounted: Counter[str] = Counter()
     for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        if record.get("category") == "refusal-summary" and isinstance(record.get("counts"), dict):
-            for category, n in record["counts"].items():
-                if isinstance(category, str) and isinstance(n, int) and n > 0:
-                    uncounted[category] += n
-        elif isinstance(record.get("invocationId"), str) and record.get("category") not in (
-            _LOG_CATEGORIES
-        ):
-            out[record["invocationId"]] = record
+        record = parse_line(line)
+        if isinstance(record, RefusalSummary):
+            for category, n in record.counts:
+                uncounted[category] += n
+        elif isinstance(record, AuditRecord):
+            out[record.invocation_id] = record
     return out, uncounted
 
 
@@ -152,12 +142,11 @@ def usage_from_state(
     unattributed: Counter[str] = Counter()
     responses: list[Response] = []
     for record in ledger.admissions():
-        audited = audit_by_id.get(record.invocation_id, {})
+        audited = audit_by_id.get(record.invocation_id, _UNAUDITED)
         if record.repo is None:
             category = record.rejection or "refused"
             refusals[category] += 1
-            named = audited.get("repo")
-            key = named.lower() if isinstance(named, str) else None
+            key = audited.repo.lower() if audited.repo is not None else None
             if key is not None and key in spelling:
                 refused_by_repo.setdefault(key, Counter())[category] += 1
             else:
@@ -168,22 +157,21 @@ def usage_from_state(
                     record.invocation_id,
                     None if key is None else spelling[key],
                     category,
-                    _int_or_none(audited.get("charge")),
-                    _int_or_none(audited.get("bucketMs")),
+                    audited.charge,
+                    audited.bucket_ms,
                 )
             )
         else:
             key = record.repo.lower()
             repo_of[record.invocation_id] = key
             invocations[key] += 1
-            outcome = audited.get("category")
             responses.append(
                 Response(
                     record.invocation_id,
                     spelling.get(key, record.repo),
-                    outcome if isinstance(outcome, str) else "unknown",
+                    audited.category,
                     record.charge,
-                    _int_or_none(audited.get("bucketMs")),
+                    audited.bucket_ms,
                 )
             )
     buckets: dict[str, Counter[int]] = {}
@@ -192,12 +180,9 @@ def usage_from_state(
         owner = repo_of.get(invocation_id)
         if owner is None:
             continue
-        bucket = _int_or_none(audited.get("bucketMs"))
-        if bucket is not None:
-            buckets.setdefault(owner, Counter())[bucket] += 1
-        outcome = audited.get("category")
-        if isinstance(outcome, str):
-            outcomes.setdefault(owner, Counter())[outcome] += 1
+        if audited.bucket_ms is not None:
+            buckets.setdefault(owner, Counter())[audited.bucket_ms] += 1
+        outcomes.setdefault(owner, Counter())[audited.category] += 1
     usage = tuple(
         RepoUsage(
             repo=repo,

@@ -1,4 +1,4 @@
-"""Supervising the agent: start it in its mode, forward signals, stop it (issue 8).
+"""Supervising the agent: start it in its mode, forward signals, stop it.
 
 Theory of operation: one :class:`Supervision` record per run holds the
 agent's handle (``agent.py``), the cancel scope of the run's main phase and
@@ -31,8 +31,10 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
+from bounded_query.sandbox import engine
 from bounded_query.sandbox.cpus import agent_cpu_set, agent_cpus
 
 from .agent import (
@@ -52,6 +54,9 @@ from .paths import RunPaths
 from .reporting import problems_event
 from .sweep import MODE_RUN, current_owner
 
+if TYPE_CHECKING:  # the reaper's module is also its process's __main__: not imported eagerly
+    from .reaper import Reaper
+
 __all__ = [
     "SIGNALS",
     "AgentLauncher",
@@ -62,6 +67,7 @@ __all__ = [
     "host_launcher",
     "run_confined_agent",
     "start_agent",
+    "watch_child",
     "watch_signals",
     "workspace_owner",
 ]
@@ -85,6 +91,8 @@ class Supervision:
     agent: AgentHandle | None = None
     #: The agent exited (on its own or stopped) and its status is known.
     agent_done: bool = False
+    #: The run's reaper: a host agent must die with the harness too (``reaper.py``).
+    reaper: Reaper | None = None
 
 
 async def watch_signals(sup: Supervision, sink: EventSink) -> None:
@@ -124,6 +132,7 @@ async def start_agent(launch: AgentLauncher, sup: Supervision, sink: EventSink) 
         return EXIT_HARNESS
     sup.agent = agent
     pid = getattr(agent, "pid", None)
+    watch_child(sup.reaper, "agent", pid, sink)
     if pid is not None:
         sink.emit("agent_started", pid=pid)
     else:
@@ -139,6 +148,14 @@ async def start_agent(launch: AgentLauncher, sup: Supervision, sink: EventSink) 
     sup.agent_done = True
     sink.emit("agent_exited", status=status)
     return status
+
+
+def watch_child(reaper: Reaper | None, role: str, pid: int | None, sink: EventSink) -> None:
+    """Have the reaper kill child ``pid`` if the harness dies (no pid: nothing to watch)."""
+    if pid is None or reaper is None:
+        return
+    if not reaper.watch(role, pid):
+        sink.degrade("reaper", f"the {role} is not watched: a SIGKILL would leave it running")
 
 
 def agent_environment(
@@ -270,7 +287,7 @@ def agent_image_problems(docker_host: str, image: str) -> list[Problem]:
     import docker
 
     try:
-        client = docker.DockerClient(base_url=docker_host, timeout=30)
+        client = engine.docker_client(docker_host, 30)
     except Exception as exc:
         return [
             Problem(

@@ -2,9 +2,11 @@
 
 Theory of operation: teardown (``teardown.py``) deletes both roots and unmounts
 the workspace tmpfs, but a harness killed with SIGKILL runs no teardown. Its
-broker child dies with it (parent-death signal); the private root (seeds:
-private source code), the ingress root and the tmpfs stay behind, under
-run-unique names that never collide and so are never reused.
+reaper (``reaper.py``) then undoes the run within seconds; when the reaper
+was killed too (an OOM kill, a kill of every process of the job, a power
+cut), the private root (seeds: private source code), the ingress root and
+the tmpfs stay behind, under run-unique names that never collide and so are
+never reused: this sweep is the fallback.
 
 So every root carries an *owner record*, ``<privateRoot>/control/harness.json``
 (0600, next to the broker's ``control/ready``), written right after the
@@ -80,6 +82,7 @@ __all__ = [
     "owner_is_gone",
     "process_start_time",
     "read_owner_record",
+    "remove_run_roots",
     "sweep_stale_roots",
     "write_owner_record",
 ]
@@ -336,7 +339,7 @@ def sweep_stale_roots(
             sink.emit("stale_root_skipped", root=suffix, reason=reason)
             continue
         engine = _reconcile_run(reconcile, record.run_id)
-        outcome = _remove(RunPaths(private_root, ingress_root))
+        outcome = remove_run_roots(RunPaths(private_root, ingress_root))
         if outcome is None:
             counts["removed"] += 1
             sink.emit("stale_root_removed", root=suffix, reason=reason, engine=engine)
@@ -360,8 +363,12 @@ def _reconcile_run(reconcile: Callable[[str], object] | None, run_id: str) -> st
     return "reconciled"
 
 
-def _remove(paths: RunPaths) -> str | None:
-    """Unmount below the private root, then delete both roots; an error message or None."""
+def remove_run_roots(paths: RunPaths) -> str | None:
+    """Unmount below the private root, then delete both roots; an error message or None.
+
+    The removal of a dead run's roots, for the sweep and the reaper
+    (``reaper.py``); blocking.
+    """
     for point in _mounts_below(str(paths.private_root)):
         try:
             unmount(Path(point))

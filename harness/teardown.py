@@ -8,8 +8,9 @@ it, shielded by its caller from cancellation: stop the broker (SIGTERM,
 then SIGKILL), print the answers it audited last, force-remove every
 container labelled with the run id (:func:`reconcile_containers`), unmount
 the workspace quota, write the step summary from the journal and audit log,
-keep the state when asked, delete both roots, and emit ``run_end`` whatever
-failed on the way. Every blocking step (the Engine API, reading the journal,
+keep the state when asked, delete both roots, disarm the reaper
+(``reaper.py``: only a teardown that got that far does), and emit
+``run_end`` whatever failed on the way. Every blocking step (the Engine API, reading the journal,
 writing the step summary, deleting trees) runs in a worker thread.
 """
 
@@ -18,12 +19,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 from bounded_query.broker.protocol.policy import LABEL_RUN
-from bounded_query.sandbox.docker_runner import API_VERSION
-from bounded_query.sandbox.reconcile import remove_labelled, remove_labelled_volumes
+from bounded_query.sandbox import engine
+from bounded_query.sandbox.reconcile import (
+    RECONCILE_TIMEOUT_S,
+    remove_labelled,
+    remove_labelled_volumes,
+)
 
+from .compose import HARNESS_LABEL
 from .config import BoundedQueriesConfig
 from .events import EventSink, append_step_summary
 from .options import BrokerHandle
@@ -36,17 +43,17 @@ from .report import keep_state, read_optional
 from .reporting import emit_usage, failed_early_markdown, print_progress
 from .summary import render_summary, usage_from_state
 
+if TYPE_CHECKING:  # the reaper's module is also its process's __main__: not imported eagerly
+    from .reaper import Reaper
+
 __all__ = [
-    "RECONCILE_TIMEOUT_S",
     "RunState",
+    "disarm_reaper",
     "reconcile_containers",
     "remove_created_roots",
     "summarize",
     "teardown",
 ]
-
-#: HTTP timeout of the Engine API calls of the harness's reconcile.
-RECONCILE_TIMEOUT_S = 60
 
 
 @dataclass
@@ -65,6 +72,8 @@ class RunState:
     progress: AuditFollower | None = None
     #: Reported as ``degraded`` events (subsystem ``harness``) at teardown.
     degraded_notes: list[str] = field(default_factory=list)
+    #: The detached reaper (``reaper.py``): disarmed once teardown has finished.
+    reaper: Reaper | None = None
 
 
 def reconcile_containers(docker_host: str, run_id: str) -> int:
@@ -72,18 +81,21 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
 
     The one label reconcile (``sandbox/reconcile.py``), as the broker runs it,
     plus the volumes a killed broker left (mounted under the private root).
-    Returns the number of containers removed (blocking).
+    The compose broker service of a ``run --compose`` goes first: it carries
+    its own label (:data:`.compose.HARNESS_LABEL`, never the run label, so a
+    broker's reconcile cannot catch itself), and a broker still running could
+    start a query after the listing. Returns the number of containers
+    removed (blocking).
 
     Raises:
         Exception: the engine could not be reached or could not list containers.
     """
-    import docker
-
-    api = docker.APIClient(base_url=docker_host, version=API_VERSION, timeout=RECONCILE_TIMEOUT_S)
+    api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:
+        services = remove_labelled(api, f"{HARNESS_LABEL}={run_id}").removed
         removed = remove_labelled(api, f"{LABEL_RUN}={run_id}").removed
         remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}")
-        return len(removed)
+        return len(services) + len(removed)
     finally:
         api.close()
 
@@ -134,6 +146,9 @@ async def teardown(
             await _keep_state(state.paths, plan.keep_state, sink)
         if plan.remove_roots:
             await remove_created_roots(state, sink)
+        # Only a teardown that got this far disarms the reaper: after an
+        # exception it stays armed and removes what is left once the harness exits.
+        await disarm_reaper(state)
     finally:
         sink.emit("run_end", status=status, phase=phase)
 
@@ -157,6 +172,13 @@ async def _keep_state(paths: RunPaths, target: Path, sink: EventSink) -> None:
         sink.degrade("keep-state", f"the run's state was not kept: {exc.strerror or exc}")
         return
     sink.emit("state_kept", files=copied)
+
+
+async def disarm_reaper(state: RunState) -> None:
+    """Tell the reaper teardown is done and reap it (``reaper.py``); idempotent."""
+    reaper, state.reaper = state.reaper, None
+    if reaper is not None:
+        await trio.to_thread.run_sync(reaper.disarm)
 
 
 async def remove_created_roots(state: RunState, sink: EventSink) -> None:

@@ -1,4 +1,4 @@
-"""The staging token leaves this process's environment at once (spec 14.6; issue 8).
+"""The staging token leaves this process's environment at once (spec 14.6).
 
 Theory of operation: ``/proc/<pid>/environ`` shows the environment block the
 process was *started* with -- the bytes between ``env_start`` and
@@ -20,7 +20,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["environ_block_bounds", "scrub_process_environment"]
+__all__ = ["TOKEN_VARIABLES", "environ_block_bounds", "scrub_process_environment"]
+
+#: Environment variables that may hold the staging credential, in order.
+TOKEN_VARIABLES = ("GH_TOKEN", "GITHUB_TOKEN")
 
 #: Fields of ``/proc/<pid>/stat`` (1-based) holding the environment block bounds.
 _ENV_START_FIELD = 50

@@ -1,4 +1,4 @@
-"""Query sandbox backends (spec 14.7; issue 4).
+"""Query sandbox backends (spec 14.7).
 
 ``create_runner(settings)`` builds the runner for the configured runtime:
 ``"docker"`` (runc) and ``"gvisor"`` (runsc) share :class:`DockerRunner`;

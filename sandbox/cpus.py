@@ -1,4 +1,4 @@
-"""The CPU partition between query containers and everything else (issue 9 part 5).
+"""The CPU partition between query containers and everything else.
 
 Theory of operation: a query that modulates its CPU use can be timed *live*
 by a process on the same core (the agent's own busy loop, or the latency of

@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+from bounded_query.broker.fdio import write_all
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
-    LABEL_RUN,
+    PAGE_CACHE_PIN,
     RESULT_FILE_NAME,
     Degradation,
     Invocation,
@@ -44,6 +47,7 @@ from bounded_query.broker.runner import (
 from bounded_query.broker.workspace import read_result_file
 from bounded_query.seccomp import profile_json
 
+from . import engine
 from .overlay import (
     VolumeSpec,
     invocation_volume,
@@ -53,19 +57,10 @@ from .overlay import (
 )
 from .pagecache import PIN_READY, pin_container_body
 from .reconcile import remove_container, remove_labelled, remove_volume
-from .spec import (
-    QUERY_GID,
-    QUERY_UID,
-    RUNTIMES,
-    SCRIPT_FILE_NAME,
-    container_spec,
-    probe_spec,
-    translate_host_path,
-)
+from .spec import SCRIPT_FILE_NAME, container_spec, probe_spec, translate_host_path
 from .storage import mount_tmpfs, tmpfs_quota, unmount
 
 __all__ = [
-    "API_VERSION",
     "DockerRunner",
     "RunOptions",
     "prepare_workspace",
@@ -73,8 +68,6 @@ __all__ = [
     "release_storage",
 ]
 
-#: Engine API version we speak: Docker 20.10 (Debian 12) and every later engine.
-API_VERSION = "1.41"
 #: HTTP timeout of ordinary Engine API calls (create, start, remove, inspect).
 #: Generous: removal of a container whose tmpfs holds a large tree can take a
 #: few seconds on a loaded machine.
@@ -87,6 +80,9 @@ PREP_TIMEOUT_S = 600
 PIN_TIMEOUT_S = 120
 #: How often its readiness line is looked for.
 PIN_POLL_S = 0.1
+#: How often :meth:`DockerRunner.watch` checks that the pin still runs between
+#: invocations (each invocation also checks it before its container starts).
+PIN_WATCH_S = 1.0
 #: Workspace subdirectories of the copy-on-write overlay (sandbox/overlay.py).
 UPPER_DIR_NAME = "upper"
 WORK_DIR_NAME = "work"
@@ -133,9 +129,7 @@ def prepare_workspace(invocation: Invocation, *, overlay: bool = False) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(invocation.workspace / SCRIPT_FILE_NAME, flags, 0o444)
     try:
-        view = memoryview(invocation.script)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, invocation.script)
     finally:
         os.close(fd)
     fd = os.open(invocation.workspace / RESULT_FILE_NAME, flags, 0o600)
@@ -197,9 +191,7 @@ def release_storage(invocation: Invocation) -> bool:
         except OSError:
             return False
         try:
-            view = memoryview(answer)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, answer)
         finally:
             os.close(fd)
     return True
@@ -234,10 +226,10 @@ class DockerRunner:
         options: RunOptions | None = None,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
-        if settings.runtime not in RUNTIMES:
+        if settings.runtime not in OCI_RUNTIMES:
             raise ValueError(f"DockerRunner cannot launch runtime {settings.runtime!r}")
         self.settings = settings
-        self.oci_runtime = RUNTIMES[settings.runtime]
+        self.oci_runtime = OCI_RUNTIMES[settings.runtime]
         self.options = options or RunOptions()
         self._seccomp = profile_json(self.oci_runtime)
         self._client_factory = client_factory or self._default_client
@@ -253,13 +245,12 @@ class DockerRunner:
         #: whether the image's pages are pinned (None: not tried since reconcile)
         self.page_cache_pinned: bool | None = None
         self._pin_lock = trio.Lock()
+        #: set when the pin, once running, was found gone (``watch``)
+        self._pin_lost: Degradation | None = None
+        self._pin_lost_event = trio.Event()
 
     def _default_client(self) -> Any:
-        import docker  # imported lazily: the pure modules never need it
-
-        return docker.APIClient(
-            base_url=self.settings.docker_host, version=API_VERSION, timeout=API_TIMEOUT_S
-        )
+        return engine.api_client(self.settings.docker_host, API_TIMEOUT_S)
 
     @property
     def api(self) -> Any:
@@ -282,7 +273,8 @@ class DockerRunner:
                 did not exit 0. Never falls back to another runtime.
         """
         host = self.settings.docker_host
-        if host.startswith("unix://") and not await trio.Path(host[len("unix://") :]).exists():
+        socket_path = policy.docker_socket_path(host)
+        if socket_path and not await trio.Path(socket_path).exists():
             raise RunnerUnavailable(f"Docker engine at {host} unreachable: no such socket")
         try:
             info = await self._call(self.api.info)
@@ -336,6 +328,12 @@ class DockerRunner:
         if self.options.pin_page_cache and self.page_cache_pinned is None:
             with clock("pin"):
                 await self._ensure_pinned()
+        if self.page_cache_pinned and not await self._pin_alive():
+            # The pin died since the last check: this query would run unpinned
+            # after queries that could then load or evict image pages. No
+            # container starts; ``watch`` makes the broker halt the run.
+            self._lose_pin()
+            return RunReport("runner-internal", phases)
         if self.options.materialize == "overlay":
             with clock("view"):
                 view = await self._ensure_view(seed_host)
@@ -348,7 +346,7 @@ class DockerRunner:
             self.isolated_storage = isolated
             report = await self._run_in_workspace(invocation, view, seed_host, phases)
         except OSError:  # the workspace could not be mounted (a local fault)
-            return RunReport("runner-internal", phases)
+            return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         except BaseException:
             if isolated:
                 with trio.CancelScope(shield=True):
@@ -358,7 +356,7 @@ class DockerRunner:
             with trio.CancelScope(shield=True), clock("remove"):
                 released = await trio.to_thread.run_sync(release_storage, invocation)
             if not released:
-                return RunReport("cleanup-failed", phases)
+                return RunReport(policy.CATEGORY_CLEANUP_FAILED, phases)
         return report
 
     async def _run_in_workspace(
@@ -373,7 +371,7 @@ class DockerRunner:
                     lambda: prepare_workspace(invocation, overlay=view is not None)
                 )
         except OSError:
-            return RunReport("runner-internal", phases)
+            return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         volume = None
         if view is not None:
             workspace_host = translate_host_path(str(invocation.workspace), hmap)
@@ -410,7 +408,7 @@ class DockerRunner:
                 with clock("start"):
                     await self._call(self.api.start, container_id)
             except Exception:
-                failure = "query-launch-failed"
+                failure = policy.CATEGORY_LAUNCH_FAILED
                 if view is not None:
                     # e.g. the view volume was removed behind our back:
                     # prepare it again for the next invocation
@@ -423,7 +421,7 @@ class DockerRunner:
                 if volume is not None:
                     removed = await self._remove_volume(volume.name) and removed
         if not removed:
-            failure = "cleanup-failed"
+            failure = policy.CATEGORY_CLEANUP_FAILED
         return RunReport(failure, phases)
 
     async def _wait(self, container_id: str, phases: dict[str, float]) -> str | None:
@@ -438,7 +436,7 @@ class DockerRunner:
                         abandon_on_cancel=True,
                     )
                 except Exception:
-                    return "runner-internal"
+                    return policy.CATEGORY_RUNNER_INTERNAL
         if scope.cancelled_caught:
             return "query-timeout"  # the caller's removal kills the container
         code = _status_code(result)
@@ -451,8 +449,8 @@ class DockerRunner:
         try:
             state = (await self._call(self.api.inspect_container, container_id))["State"]
         except Exception:
-            return "query-nonzero-exit"
-        return "query-oom" if state.get("OOMKilled") else "query-nonzero-exit"
+            return policy.CATEGORY_NONZERO_EXIT
+        return policy.CATEGORY_OOM if state.get("OOMKilled") else policy.CATEGORY_NONZERO_EXIT
 
     async def _remove(self, container: str) -> bool:
         """Force-remove one container (by id or name); True when it is gone (``reconcile.py``)."""
@@ -576,6 +574,41 @@ class DockerRunner:
             await self._remove(container_id or name)
         return False
 
+    async def _pin_alive(self) -> bool:
+        """Whether the pin container still runs (fail closed: any engine error is no)."""
+        try:
+            info = await self._call(self.api.inspect_container, self.pin_name)
+            state = info["State"]
+            return bool(state.get("Running")) and not state.get("Restarting")
+        except Exception:
+            return False
+
+    def _lose_pin(self) -> None:
+        if self._pin_lost is None:
+            self.page_cache_pinned = False
+            self._pin_lost = Degradation(
+                PAGE_CACHE_PIN,
+                "the pin container stopped during the run: later queries would share the"
+                " image's page cache, a cross-invocation channel; the broker halted the run",
+            )
+            self._pin_lost_event.set()
+
+    async def watch(self) -> Degradation:
+        """Return once the running pin is found gone (Runner contract).
+
+        Checks every :data:`PIN_WATCH_S` seconds while the pin runs, and at
+        once when an invocation found it gone (``run``). A pin that never
+        started is no loss (``degradations`` reported it at start).
+        """
+        while self._pin_lost is None:
+            with trio.move_on_after(PIN_WATCH_S):
+                await self._pin_lost_event.wait()
+            if self._pin_lost is None and self.page_cache_pinned:
+                async with self._pin_lock:
+                    if self.page_cache_pinned and not await self._pin_alive():
+                        self._lose_pin()
+        return self._pin_lost
+
     # -- reconcile ---------------------------------------------------------
 
     async def reconcile(self) -> int:
@@ -627,10 +660,12 @@ class DockerRunner:
         Unpinned, queries share the page cache of the image's files: the
         cross-invocation channel the pin closes (``pagecache.py``) is open.
         """
+        if self._pin_lost is not None:
+            return (self._pin_lost,)
         if self.options.pin_page_cache and self.page_cache_pinned is False:
             return (
                 Degradation(
-                    "page-cache pin",
+                    PAGE_CACHE_PIN,
                     "the pin container could not start: queries share the image's page "
                     "cache, a cross-invocation channel (README, cross-invocation channels)",
                 ),

@@ -41,13 +41,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bounded_query.broker.protocol.policy import LABEL_ROLE
-from bounded_query.broker.runner import LABEL_INVOCATION, LABEL_RUN, RunnerSettings
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import (
+    LABEL_INVOCATION,
+    LABEL_ROLE,
+    LABEL_RUN,
+    QUERY_GID,
+    QUERY_UID,
+)
+from bounded_query.broker.runner import RunnerSettings
 
-from .spec import CONTAINER_ENV, QUERY_GID, QUERY_UID
+from .spec import CONTAINER_ENV
 
 __all__ = [
-    "LABEL_ROLE",
     "OVERLAY_OPTION_FORBIDDEN",
     "PREP_COMMAND",
     "VolumeSpec",
@@ -175,7 +181,7 @@ def prep_container_body(settings: RunnerSettings, prep_volume: str) -> dict[str,
         "Tty": False,
         "Labels": {LABEL_RUN: settings.run_id, LABEL_ROLE: "seed-prep"},
         "HostConfig": {
-            "Runtime": "runc",
+            "Runtime": policy.OCI_RUNC,
             "NetworkMode": "none",
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],

@@ -1,4 +1,4 @@
-"""Page-cache normalization: the query image's pages stay resident for the whole run (issue 9).
+"""Page-cache normalization: the query image's pages stay resident for the whole run.
 
 Theory of operation: every query container reads the same image files, and
 the host page cache is shared. A query that loads (by reading) or evicts
@@ -40,9 +40,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bounded_query.broker.runner import LABEL_RUN, RunnerSettings
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import LABEL_ROLE, LABEL_RUN
+from bounded_query.broker.runner import RunnerSettings
 
-from .overlay import LABEL_ROLE
 from .spec import CONTAINER_ENV
 
 __all__ = ["PIN_MEMORY_BYTES", "PIN_PROGRAM", "PIN_READY", "ROLE_PIN", "pin_container_body"]
@@ -110,7 +111,7 @@ def pin_container_body(settings: RunnerSettings) -> dict[str, Any]:
         "StopSignal": "SIGKILL",
         "Labels": {LABEL_RUN: settings.run_id, LABEL_ROLE: ROLE_PIN},
         "HostConfig": {
-            "Runtime": "runc",
+            "Runtime": policy.OCI_RUNC,
             "NetworkMode": "none",
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],

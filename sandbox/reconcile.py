@@ -35,12 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "RECONCILE_TIMEOUT_S",
     "Removal",
     "remove_container",
     "remove_labelled",
     "remove_labelled_volumes",
     "remove_volume",
 ]
+
+
+#: HTTP timeout of one Engine API call of a harness-side reconcile (teardown,
+#: the reaper, compose-down): removing a container whose tmpfs holds a large
+#: tree can take seconds on a loaded machine.
+RECONCILE_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ Layout seen by the query (uid/gid 65534, read-only root):
   unlinked, so symlink, FIFO or directory swaps fail with EBUSY);
 * ``/tmp`` - a small size-limited tmpfs.
 
-Kernel-global state (issue 9; README "Residual channels"): every ``/proc``
+Kernel-global state (README "Residual channels"): every ``/proc``
 file that reports host-wide counters a query could modulate or read across
 invocations (load, memory, CPU and disk statistics, the kernel's dentry,
 inode and file counts under ``/proc/sys/fs``, pressure, interrupts, locks,
@@ -34,7 +34,7 @@ on the CPUs of :func:`.cpus.query_cpus` (``CpusetCpus``).
 
 gVisor's flags (``.ci/provision-engine`` registers ``runsc`` with them):
 ``--network=none``, ``--oci-seccomp`` (the profile below is enforced inside
-the sandbox too) and ``--file-access-mounts=exclusive`` (issue 12): the
+the sandbox too) and ``--file-access-mounts=exclusive``: the
 sentry caches the dentries and attributes of the bind mounts (the
 repository overlay, script and result file) instead of revalidating every
 path component with the gofer on each access. That leaks nothing between
@@ -50,14 +50,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bounded_query.broker.protocol.policy import OCI_RUNTIMES, QUERY_GID, QUERY_UID
-from bounded_query.broker.runner import (
+from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol.policy import (
     LABEL_INVOCATION,
     LABEL_RUN,
-    RESULT_FILE_NAME,
-    Invocation,
-    RunnerSettings,
+    OCI_RUNTIMES,
+    QUERY_GID,
+    QUERY_UID,
 )
+from bounded_query.broker.runner import RESULT_FILE_NAME, Invocation, RunnerSettings
 
 from .cpus import query_cpus
 
@@ -69,10 +70,7 @@ __all__ = [
     "NOFILE_LIMIT",
     "PIDS_LIMIT",
     "PIDS_LIMIT_GVISOR",
-    "QUERY_GID",
-    "QUERY_UID",
     "READONLY_PATHS",
-    "RUNTIMES",
     "SCRIPT_FILE_NAME",
     "TMP_TMPFS_BYTES",
     "ContainerSpec",
@@ -82,10 +80,6 @@ __all__ = [
     "translate_host_path",
 ]
 
-#: Configured runtime name -> OCI runtime registered with dockerd. "sbx" is
-#: deliberately absent: it is never launched (spec 14.2). QUERY_UID/QUERY_GID,
-#: the query's identity, are the policy module's too.
-RUNTIMES: Mapping[str, str] = OCI_RUNTIMES
 #: One CPU: a query is a short, mostly single-threaded Python script, and the
 #: broker serializes invocations on a two-core machine.
 CPU_NANOS = 1_000_000_000
@@ -207,7 +201,7 @@ def _host_config(
 ) -> dict[str, Any]:
     memory = settings.memory_bytes
     config: dict[str, Any] = {
-        "Runtime": RUNTIMES[settings.runtime],
+        "Runtime": OCI_RUNTIMES[settings.runtime],
         "NetworkMode": "none",
         "ReadonlyRootfs": True,
         "CapDrop": ["ALL"],
@@ -217,7 +211,7 @@ def _host_config(
         "Memory": memory,
         "MemorySwap": memory,
         "NanoCpus": CPU_NANOS,
-        "PidsLimit": PIDS_LIMIT_GVISOR if settings.runtime == "gvisor" else PIDS_LIMIT,
+        "PidsLimit": PIDS_LIMIT_GVISOR if settings.runtime == policy.RUNTIME_GVISOR else PIDS_LIMIT,
         "Ulimits": [
             {"Name": "nofile", "Soft": NOFILE_LIMIT, "Hard": NOFILE_LIMIT},
             # Large enough for any seed file the tmpfs can hold; the
@@ -269,7 +263,7 @@ def container_spec(
         KeyError: a runtime that is never launched ("sbx").
         ValueError: a relative path.
     """
-    if settings.runtime not in RUNTIMES:
+    if settings.runtime not in OCI_RUNTIMES:
         raise KeyError(f"runtime {settings.runtime!r} is never launched")
     hmap = settings.host_path_map
     workspace = str(invocation.workspace)

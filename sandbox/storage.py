@@ -1,4 +1,4 @@
-"""Per-invocation storage: a fresh tmpfs for every query's workspace (issue 9 part 1).
+"""Per-invocation storage: a fresh tmpfs for every query's workspace.
 
 Theory of operation: a file system hands out inode numbers from a counter of
 its own and reports its own free blocks and inodes. When every invocation's

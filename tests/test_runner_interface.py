@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import (
-    FAILURE_CATEGORIES,
+from bounded_query.broker.protocol.policy import (
     MAX_MEMORY_BYTES,
     MIN_MEMORY_BYTES,
-    Invocation,
-    RunReport,
     parse_memory_limit,
 )
+from bounded_query.broker.runner import FAILURE_CATEGORIES, Invocation, RunReport
 
 
 @pytest.mark.parametrize(

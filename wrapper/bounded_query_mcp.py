@@ -1,6 +1,6 @@
 #!/bin/sh
 """exec" python3 -I "$0" "$@"
-``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8, issue 13).
+``bounded-query-mcp``: the bounded-query tools as a stdio MCP server (spec 14.8).
 
 The agent's MCP client starts this file as a local stdio server. It speaks
 newline-delimited JSON-RPC 2.0 on stdin/stdout and offers two fixed tools and
@@ -17,6 +17,16 @@ one resource:
   the sibling ``bounded-query-cost`` module (no broker call, nothing spent).
 * the resource ``bounded-query://SKILL.md`` is the file named by
   ``$AWF_BOUNDED_QUERY_SKILL``.
+
+The ``schema`` argument (:data:`SCHEMA_ARGUMENT`) is a JSON object, the
+declared and preferred form (models write nested JSON more reliably than
+JSON escaped in a string), or JSON text of one, as ``--schema`` takes it.
+Both are judged by the same rules on the same bytes: text as its own UTF-8
+bytes, an object as its compact UTF-8 JSON written as sent (keys in order,
+repeated keys repeated, number tokens verbatim: :func:`compact_json`). The
+4096-byte limit applies to those bytes (the fewest any spelling of the
+object has), then the broker's strict parser and charge decide, or the cost
+tool's copy of them.
 
 The server adds no capability: the broker stays the only trust boundary. The
 tool list is a constant, so it is the same for every run and names no
@@ -37,6 +47,11 @@ The first request that is served decides the connection's era (the table in
 the stateless envelope opens the stateless era. A later request of the other
 era is refused (``-32600`` on a handshake connection, ``-32022`` for
 ``initialize`` on a stateless one); ``ping`` is answered in every state.
+
+Lines are parsed by :func:`decode_line`: plain JSON, except that a number
+token other than a short integer is kept as text (:class:`NumberText`,
+never converted) and an object that repeats a key keeps its pairs
+(:class:`RepeatedKeys`; tool arguments that repeat a name are ``-32602``).
 
 Failures are JSON-RPC errors and never stop the server: a line that is not
 JSON or not UTF-8 is ``-32700``; a line over ``MAX_LINE_BYTES``, a
@@ -90,15 +105,22 @@ if TYPE_CHECKING:  # annotations only: the file must import on Python 3.8
 
 __all__ = [
     "HANDSHAKE_VERSIONS",
+    "MAX_INT_TOKEN_CHARS",
     "MAX_IN_FLIGHT",
     "MAX_LINE_BYTES",
     "MODERN_VERSIONS",
     "RESOURCES",
+    "SCHEMA_ARGUMENT",
     "SKILL_URI",
     "TOOLS",
     "LineReader",
+    "NumberText",
+    "RepeatedKeys",
     "Session",
+    "compact_json",
+    "decode_line",
     "main",
+    "schema_argument",
 ]
 
 SERVER_NAME = "bounded-query"
@@ -188,12 +210,31 @@ COST_DESCRIPTION = (
     " budget is spent."
 )
 
-_SCHEMA_TEXT = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": MAX_SCHEMA_BYTES,
-    "description": 'The response schema as JSON text, for example {"type":"boolean"}'
-    " (at most 4096 UTF-8 bytes).",
+#: The ``schema`` argument of every tool that takes one (``bounded_query``,
+#: ``bounded_query_cost``, and ``bounded_agent`` when it lands): a JSON
+#: object (the declared, preferred form) or JSON text of one. Two ``anyOf``
+#: branches of one type each, object first: the portable spelling of a
+#: union (a ``type`` array is flagged by the Inspector's ``--strict`` lint,
+#: and single-type dialects keep one branch). The length bounds bind the
+#: text only; an object is judged by the bytes it is sent as
+#: (:func:`schema_argument`).
+SCHEMA_ARGUMENT: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": 'The schema itself, for example {"type":"boolean"}.',
+        },
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_SCHEMA_BYTES,
+            "description": "The same schema as JSON text (at most 4096 UTF-8 bytes).",
+        },
+    ],
+    "description": 'The response schema as a JSON object, for example {"type":"boolean"}'
+    " (JSON text of the same object is accepted too). An object is sent as compact UTF-8"
+    " JSON, keys in the order given, and those bytes are what is judged: at most 4096 of"
+    " them, nested at most seven levels, integers as plain integer tokens.",
 }
 
 TOOLS: tuple[dict[str, Any], ...] = (
@@ -210,7 +251,7 @@ TOOLS: tuple[dict[str, Any], ...] = (
                     "maxLength": MAX_REPO_CHARS,
                     "description": "The repository as owner/repo.",
                 },
-                "schema": _SCHEMA_TEXT,
+                "schema": SCHEMA_ARGUMENT,
                 "script": {
                     "type": "string",
                     "minLength": 1,
@@ -256,7 +297,7 @@ TOOLS: tuple[dict[str, Any], ...] = (
         "description": COST_DESCRIPTION,
         "inputSchema": {
             "type": "object",
-            "properties": {"schema": _SCHEMA_TEXT},
+            "properties": {"schema": SCHEMA_ARGUMENT},
             "required": ["schema"],
             "additionalProperties": False,
         },
@@ -374,6 +415,121 @@ def _reject_constant(name: str) -> Any:
     raise ValueError("NaN and Infinity are not JSON")
 
 
+class NumberText:
+    """A JSON number token that is not a short plain integer, kept as its text.
+
+    The protocol's own parser does the same (``NumberToken``): such a token
+    is never an integer of the schema language, so it is never turned into a
+    Python number here either. A ``schema`` object is then sent with the
+    token exactly as the client wrote it (``1e400`` stays ``1e400``, not
+    ``Infinity``; ``1.0`` stays ``1.0``), and no line can make ``int()``
+    convert thousands of digits.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+#: Longest integer token (sign included) that becomes a Python ``int``:
+#: ids and schema bounds are far shorter (a schema integer has at most 16
+#: digits); a longer one is kept as :class:`NumberText`.
+MAX_INT_TOKEN_CHARS = 64
+
+
+def _parse_int(text: str) -> Any:
+    return int(text) if len(text) <= MAX_INT_TOKEN_CHARS else NumberText(text)
+
+
+class RepeatedKeys(dict):  # type: ignore[type-arg]
+    """A JSON object that named a key twice: the dict (the last value wins, as
+    in ``json``) plus every pair in the order sent.
+
+    The broker refuses a schema with a repeated key; keeping the pairs lets a
+    ``schema`` object be sent as written, so it is refused the same way.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    return obj if len(obj) == len(pairs) else RepeatedKeys(pairs)
+
+
+def decode_line(text: str) -> Any:
+    """Parse one protocol line: plain JSON, plus :class:`NumberText` and
+    :class:`RepeatedKeys` where the value must be kept as sent.
+
+    Raises:
+        ValueError: not JSON (NaN and Infinity included); RecursionError:
+            nested too deep to parse.
+    """
+    return json.loads(
+        text,
+        parse_constant=_reject_constant,
+        parse_int=_parse_int,
+        parse_float=NumberText,
+        object_pairs_hook=_object,
+    )
+
+
+def compact_json(value: Any) -> str:
+    """The compact JSON text of a parsed value, written as it was sent.
+
+    No whitespace; keys in the order given, a repeated key repeated; strings
+    as UTF-8 text (only ``"``, ``\\`` and C0 controls escaped), so a lone
+    surrogate stays a lone surrogate and fails the later UTF-8 encoding;
+    integers with all their digits and other number tokens as sent. The walk
+    uses an explicit stack: any depth the line parser accepted is written
+    (the size and depth limits are the judge's, afterwards).
+    """
+    out: list[str] = []
+    # (True, text to write) or (False, value to serialize), popped from the end.
+    stack: list[tuple[bool, Any]] = [(False, value)]
+    while stack:
+        literal, item = stack.pop()
+        if literal:
+            out.append(item)
+        elif item is None:
+            out.append("null")
+        elif item is True:
+            out.append("true")
+        elif item is False:
+            out.append("false")
+        elif isinstance(item, str):
+            out.append(json.dumps(item, ensure_ascii=False))
+        elif isinstance(item, int):
+            out.append(str(item))
+        elif isinstance(item, NumberText):
+            out.append(item.text)
+        elif isinstance(item, dict):
+            pairs = item.pairs if isinstance(item, RepeatedKeys) else list(item.items())
+            stack.append((True, "}"))
+            for index in range(len(pairs) - 1, -1, -1):
+                key, sub = pairs[index]
+                stack.append((False, sub))
+                stack.append(
+                    (True, ("," if index else "") + json.dumps(key, ensure_ascii=False) + ":")
+                )
+            stack.append((True, "{"))
+        elif isinstance(item, list):
+            stack.append((True, "]"))
+            for index in range(len(item) - 1, -1, -1):
+                stack.append((False, item[index]))
+                if index:
+                    stack.append((True, ","))
+            stack.append((True, "["))
+        else:  # pragma: no cover - decode_line builds nothing else
+            raise TypeError("not a parsed JSON value: " + type(item).__name__)
+    return "".join(out)
+
+
 def encode(message: dict[str, Any]) -> bytes:
     """One protocol line: compact ASCII JSON (no raw newline can appear) plus ``\\n``."""
     return json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii") + b"\n"
@@ -411,29 +567,61 @@ def _tool_result(text: str, modern: bool) -> dict[str, Any]:
     return result
 
 
-def _string_args(
-    arguments: Any, names: tuple[str, ...], limits: dict[str, tuple[int, int]]
-) -> dict[str, str]:
-    """Check ``arguments`` against a closed input schema of bounded strings.
+def _arguments(arguments: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """Check ``arguments`` against a closed input schema's property names.
 
     Raises:
-        RpcError: INVALID_PARAMS for a non-object, a missing, extra or
-            non-string argument, or a length outside the declared bounds.
+        RpcError: INVALID_PARAMS for a non-object, a name given twice, or a
+            missing or extra argument.
     """
     if not isinstance(arguments, dict):
         raise RpcError(INVALID_PARAMS, "arguments must be an object")
+    if isinstance(arguments, RepeatedKeys):
+        raise RpcError(INVALID_PARAMS, "arguments must not name an argument twice")
     if set(arguments) != set(names):
         raise RpcError(INVALID_PARAMS, "arguments must be exactly: " + ", ".join(names))
-    out: dict[str, str] = {}
-    for name in names:
-        value = arguments[name]
-        low, high = limits[name]
-        if not isinstance(value, str):
-            raise RpcError(INVALID_PARAMS, "argument " + name + " must be a string")
-        if not low <= len(value) <= high:
-            raise RpcError(INVALID_PARAMS, "argument " + name + " has a length out of bounds")
-        out[name] = value
-    return out
+    return arguments
+
+
+def _string_arg(arguments: dict[str, Any], name: str, low: int, high: int) -> str:
+    """A string argument of ``low..high`` characters.
+
+    Raises:
+        RpcError: INVALID_PARAMS for a non-string or a length out of bounds.
+    """
+    value = arguments[name]
+    if not isinstance(value, str):
+        raise RpcError(INVALID_PARAMS, "argument " + name + " must be a string")
+    if not low <= len(value) <= high:
+        raise RpcError(INVALID_PARAMS, "argument " + name + " has a length out of bounds")
+    return value
+
+
+def schema_argument(value: Any) -> bytes | None:
+    """The bytes a ``schema`` argument is sent and judged as (:data:`SCHEMA_ARGUMENT`).
+
+    JSON text is sent as its own UTF-8 bytes, exactly as ``--schema`` and
+    the header form take it. An object is sent as :func:`compact_json` of
+    it in UTF-8: the bytes a careful client would put in the header, and
+    the fewest any serialization has, so the object form is never refused
+    for size where its text would fit. From there both forms take the same
+    path: the wrapper's size check (4096 bytes, else the canonical error
+    without the broker) and the broker's strict parser (depth, repeated
+    keys, integer tokens, lone surrogate escapes) and charge; the cost tool
+    judges the same bytes with the same code. None: the value has a lone
+    surrogate, so it has no UTF-8 bytes (never sent).
+
+    Raises:
+        RpcError: INVALID_PARAMS for another JSON type, or text of a length
+            outside the declared bounds.
+    """
+    if isinstance(value, dict):
+        return _utf8(compact_json(value))
+    if not isinstance(value, str):
+        raise RpcError(INVALID_PARAMS, "argument schema must be a JSON object or JSON text")
+    if not 1 <= len(value) <= MAX_SCHEMA_BYTES:
+        raise RpcError(INVALID_PARAMS, "argument schema has a length out of bounds")
+    return _utf8(value)
 
 
 def _utf8(value: str) -> bytes | None:
@@ -491,7 +679,7 @@ class Session:
         if not line.strip():
             return None
         try:
-            message = json.loads(line.decode("utf-8", "strict"), parse_constant=_reject_constant)
+            message = decode_line(line.decode("utf-8", "strict"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             return error_response(None, PARSE_ERROR, "Parse error")
         try:
@@ -686,8 +874,8 @@ class Session:
         name = params.get("name")
         arguments = params.get("arguments", {})
         if name == "bounded_query_cost":
-            args = _string_args(arguments, ("schema",), {"schema": (1, MAX_SCHEMA_BYTES)})
-            schema = _utf8(args["schema"])
+            args = _arguments(arguments, ("schema",))
+            schema = schema_argument(args["schema"])
             if schema is None:
                 raise RpcError(INVALID_PARAMS, "argument schema is not valid Unicode")
             try:
@@ -696,18 +884,10 @@ class Session:
                 raise RpcError(INTERNAL_ERROR, "the protocol module is not available") from None
             return result_response(request_id, _tool_result(report, modern))
         if name == "bounded_query":
-            args = _string_args(
-                arguments,
-                ("repo", "schema", "script"),
-                {
-                    "repo": (3, MAX_REPO_CHARS),
-                    "schema": (1, MAX_SCHEMA_BYTES),
-                    "script": (1, MAX_SCRIPT_BYTES),
-                },
-            )
-            repo = args["repo"]
-            schema_bytes = _utf8(args["schema"])
-            script_bytes = _utf8(args["script"])
+            args = _arguments(arguments, ("repo", "schema", "script"))
+            repo = _string_arg(args, "repo", 3, MAX_REPO_CHARS)
+            schema_bytes = schema_argument(args["schema"])
+            script_bytes = _utf8(_string_arg(args, "script", 1, MAX_SCRIPT_BYTES))
             query = self._query
 
             def work() -> str:

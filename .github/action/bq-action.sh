@@ -5,7 +5,9 @@
 #                          (Debian/Ubuntu packages, runsc registered with
 #                          dockerd) and the images, on a GitHub-hosted runner
 #   bq-action.sh run       run `bounded-query-harness run` from the INPUT_*
-#                          variables set by action.yml; writes exit-code to
+#                          variables set by action.yml, as root (through sudo
+#                          when the runner's user is not root, keeping the
+#                          environment by name); writes exit-code to
 #                          $GITHUB_OUTPUT and exits with the harness's status
 #
 # Inputs (run): INPUT_CONFIG, INPUT_AGENT_COMMAND (required); INPUT_SEED_SOURCES
@@ -55,6 +57,22 @@ PY
   as_root env BQ_DEBIAN_MIRROR="${BQ_DEBIAN_MIRROR:-$mirror}" "$here/.ci/build-images"
 }
 
+# The names of the environment variables the root harness keeps (comma-separated):
+# every exported one but those that change how a root process loads code or that
+# name the invoking user (sudo sets its own).
+kept_variables() {
+  local names=() name
+  while IFS= read -r name; do
+    case "$name" in
+      LD_*|BASH_ENV|ENV|BASH_FUNC_*|SHELLOPTS|BASHOPTS|PS4|IFS|PYTHONSTARTUP|PYTHONHOME|PYTHONINSPECT) ;;
+      HOME|USER|LOGNAME|MAIL|SHELL|SUDO_*|PATH) ;;
+      *) names+=("$name") ;;
+    esac
+  done < <(compgen -e)
+  local IFS=,
+  echo "${names[*]}"
+}
+
 cmd_run() {
   [ -n "${INPUT_CONFIG:-}" ] || fail_input config "is required (the AWF configuration file)"
   [ -f "$INPUT_CONFIG" ] || fail_input config "no such file: $INPUT_CONFIG"
@@ -88,6 +106,13 @@ PY
     [ -z "$line" ] || args+=("$line")
   done <<< "${INPUT_EXTRA_ARGS:-}"
   local harness=(${BQ_HARNESS:-bounded-query-harness})
+  if [ "$(id -u)" != 0 ]; then
+    # The broker needs root for per-invocation storage (README "Cross-invocation
+    # channels"): a runner user's harness would run with weaker guarantees.
+    # sudo keeps the variables by name only (no value, so no token, on argv):
+    # the staging tokens, GITHUB_*, and the agent's own.
+    harness=(sudo --non-interactive --preserve-env="$(kept_variables)" -- env "PATH=$PATH" "${harness[@]}")
+  fi
   local status=0
   "${harness[@]}" "${args[@]}" -- bash -c "$INPUT_AGENT_COMMAND" || status=$?
   if [ -n "${GITHUB_OUTPUT:-}" ]; then echo "exit-code=$status" >> "$GITHUB_OUTPUT"; fi

@@ -15,7 +15,7 @@ sum would exceed 2**1024; a power is tested with bit-length arithmetic before
 it is computed, so nested maximum-length arrays never build a huge number.
 
 Rules where the reference implementation is the arbiter (docs/architecture.md decision 6,
-"Everywhere else, match the reference exactly"; issue 10):
+"Everywhere else, match the reference exactly"):
 
 * the root node is at depth 0 and a node deeper than MAX_SCHEMA_DEPTH (6) is
   refused: seven levels of nodes, i.e. six nested containers and a leaf;

@@ -24,8 +24,47 @@ from types import MappingProxyType
 
 __all__ = [
     "AGENT_ENGINES",
+    "AGENT_VARIABLES",
+    "CATEGORY_AUDIT_TRUNCATED",
+    "CATEGORY_BROKER_INTERNAL",
+    "CATEGORY_BROKER_STOPPING",
+    "CATEGORY_BUCKET_OVERFLOW",
+    "CATEGORY_BUDGET_EXHAUSTED",
+    "CATEGORY_CLEANUP_FAILED",
+    "CATEGORY_CONNECTION_CAP",
+    "CATEGORY_HALTED",
+    "CATEGORY_HALTED_PROTECTION",
+    "CATEGORY_HTTP_BODY_TIMEOUT",
+    "CATEGORY_HTTP_BODY_TOO_LARGE",
+    "CATEGORY_HTTP_CHUNKED",
+    "CATEGORY_HTTP_CONNECTION_LOST",
+    "CATEGORY_HTTP_DUPLICATE_LENGTH",
+    "CATEGORY_HTTP_HEADER_TIMEOUT",
+    "CATEGORY_HTTP_HEADER_TOO_LARGE",
+    "CATEGORY_HTTP_MALFORMED",
+    "CATEGORY_HTTP_NO_REQUEST",
+    "CATEGORY_HTTP_OBS_FOLD",
+    "CATEGORY_HTTP_TRUNCATED",
+    "CATEGORY_HTTP_UPGRADE",
+    "CATEGORY_INTERRUPTED",
+    "CATEGORY_INVALID_OUTPUT",
+    "CATEGORY_INVALID_REQUEST",
+    "CATEGORY_JOURNAL_FAILED",
+    "CATEGORY_LAUNCH_FAILED",
+    "CATEGORY_MAX_INVOCATIONS",
+    "CATEGORY_NONZERO_EXIT",
+    "CATEGORY_OK",
+    "CATEGORY_OOM",
+    "CATEGORY_OTHER",
+    "CATEGORY_PROTECTION_LOST",
+    "CATEGORY_REFUSAL_SUMMARY",
+    "CATEGORY_REPO_NOT_ALLOWED",
+    "CATEGORY_RUNNER_INTERNAL",
+    "CATEGORY_WORKSPACE_FAILED",
     "DEFAULTS",
+    "DEFAULT_AGENT_IMAGE",
     "DEFAULT_DOCKER_HOST",
+    "DEFAULT_DOCKER_SOCKET",
     "DEFAULT_ENABLED",
     "DEFAULT_IMAGE",
     "DEFAULT_INTERPRETER",
@@ -35,7 +74,20 @@ __all__ = [
     "DEFAULT_MEMORY_LIMIT",
     "DEFAULT_RUNTIME",
     "DEFAULT_TIMEOUT_S",
+    "DOCKER_API_VERSION",
     "DOCKER_UNIX_SCHEME",
+    "ENCLAVE_API_PROXY_ALIAS",
+    "ENCLAVE_ENGINES",
+    "ENCLAVE_IMAGES",
+    "ENCLAVE_MAX_OUTPUT_BYTES",
+    "ENCLAVE_MAX_TASK_BYTES",
+    "ENCLAVE_NETWORK",
+    "ENCLAVE_OCI_RUNTIMES",
+    "ENCLAVE_PIDS_LIMIT",
+    "ENCLAVE_TMPFS_BYTES",
+    "ENV_REPOS",
+    "ENV_SKILL",
+    "ENV_SOCKET",
     "INTERPRETERS",
     "LABEL_INVOCATION",
     "LABEL_OWNER",
@@ -58,6 +110,9 @@ __all__ = [
     "MIN_MODEL_REQUESTS",
     "MIN_MODEL_TOKENS",
     "MIN_TIMEOUT_S",
+    "OCI_RUNC",
+    "OCI_RUNSC",
+    "OCI_RUNSC_NET",
     "OCI_RUNTIMES",
     "QUERY_GID",
     "QUERY_UID",
@@ -68,6 +123,10 @@ __all__ = [
     "RUN_BUDGETS",
     "RUN_ID_PATTERN",
     "SENSITIVITIES",
+    "SENSITIVITY_CONFIDENTIAL",
+    "SENSITIVITY_INTERNAL",
+    "SENSITIVITY_PUBLIC",
+    "SENSITIVITY_SEALED",
     "SLUG_PATTERN",
     "SLUG_RE",
     "docker_socket_path",
@@ -78,8 +137,18 @@ __all__ = [
 
 #: Run budget per sensitivity class in bits (spec 14.1); None means unmetered.
 #: A budget is per repository for the whole run and never refills.
+SENSITIVITY_PUBLIC = "public"
+SENSITIVITY_INTERNAL = "internal"
+SENSITIVITY_CONFIDENTIAL = "confidential"
+#: Budget 0: configured, staged, and never runs a query.
+SENSITIVITY_SEALED = "sealed"
 RUN_BUDGETS: Mapping[str, int | None] = MappingProxyType(
-    {"public": None, "internal": 64, "confidential": 8, "sealed": 0}
+    {
+        SENSITIVITY_PUBLIC: None,
+        SENSITIVITY_INTERNAL: 64,
+        SENSITIVITY_CONFIDENTIAL: 8,
+        SENSITIVITY_SEALED: 0,
+    }
 )
 #: The sensitivity classes, in the spec's order (least to most sensitive).
 SENSITIVITIES: tuple[str, ...] = tuple(RUN_BUDGETS)
@@ -88,7 +157,7 @@ METERED_BUDGETS: Mapping[str, int] = MappingProxyType(
     {name: bits for name, bits in RUN_BUDGETS.items() if bits is not None}
 )
 #: A legacy bare-string ``privateRepos`` entry gets this class (spec 14.2).
-LEGACY_SENSITIVITY = "internal"
+LEGACY_SENSITIVITY = SENSITIVITY_INTERNAL
 
 # --- 14.2 configuration limits --------------------------------------------------------
 
@@ -113,8 +182,10 @@ RUNTIME_SBX = "sbx"
 RUNTIMES: tuple[str, ...] = (RUNTIME_DOCKER, RUNTIME_GVISOR, RUNTIME_SBX)
 #: Configured runtime -> OCI runtime registered with dockerd ("sbx" is absent:
 #: it is never launched).
+OCI_RUNC = "runc"
+OCI_RUNSC = "runsc"
 OCI_RUNTIMES: Mapping[str, str] = MappingProxyType(
-    {RUNTIME_DOCKER: "runc", RUNTIME_GVISOR: "runsc"}
+    {RUNTIME_DOCKER: OCI_RUNC, RUNTIME_GVISOR: OCI_RUNSC}
 )
 #: The runtimes a runner can actually start.
 LAUNCHABLE_RUNTIMES: tuple[str, ...] = tuple(OCI_RUNTIMES)
@@ -142,11 +213,17 @@ DEFAULTS: Mapping[str, object] = MappingProxyType(
 )
 #: The query image (built from Debian packages, never pulled).
 DEFAULT_IMAGE = "bounded-query-python:latest"
+#: The agent container's default image (built the same way).
+DEFAULT_AGENT_IMAGE = "bounded-query-agent:latest"
 #: The only Docker host scheme the harness talks to itself (sweeps,
 #: reconcile) and the preflight accepts.
 DOCKER_UNIX_SCHEME = "unix://"
 #: The Docker Engine socket (the preflight accepts only unix:// hosts).
-DEFAULT_DOCKER_HOST = DOCKER_UNIX_SCHEME + "/var/run/docker.sock"
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
+DEFAULT_DOCKER_HOST = DOCKER_UNIX_SCHEME + DEFAULT_DOCKER_SOCKET
+#: The Engine API version every client of ours speaks (docker.io 20.10 on
+#: these machines serves 1.41; pinning it skips the SDK's version probe).
+DOCKER_API_VERSION = "1.41"
 
 
 def docker_socket_path(docker_host: str) -> str:
@@ -188,6 +265,101 @@ DEFAULT_MAX_MODEL_REQUESTS = 8
 MIN_MODEL_TOKENS = 1
 MAX_MODEL_TOKENS = 32768
 DEFAULT_MAX_MODEL_TOKENS = 1024
+
+# --- 14.8 the agent's environment -----------------------------------------------------
+
+#: The broker's Unix socket, as the agent sees it.
+ENV_SOCKET = "AWF_BOUNDED_QUERY_SOCKET"
+#: The generated SKILL.md, as the agent sees it.
+ENV_SKILL = "AWF_BOUNDED_QUERY_SKILL"
+#: The usable repositories' slugs, comma-separated.
+ENV_REPOS = "AWF_BOUNDED_QUERY_REPOS"
+#: The three variables the agent gets (spec 14.8), in that order.
+AGENT_VARIABLES: tuple[str, ...] = (ENV_SOCKET, ENV_SKILL, ENV_REPOS)
+
+# --- audit categories (operator records; never shown to the agent) ----------------------
+
+#: An answered invocation whose result validated.
+CATEGORY_OK = "ok"
+# Admission (broker/admission.py): refused before anything touches a repository.
+CATEGORY_MAX_INVOCATIONS = "max-invocations"
+CATEGORY_BROKER_STOPPING = "broker-stopping"
+CATEGORY_INVALID_REQUEST = "invalid-request"
+CATEGORY_REPO_NOT_ALLOWED = "repo-not-allowed"
+CATEGORY_BUDGET_EXHAUSTED = "bit-budget-exhausted"
+CATEGORY_JOURNAL_FAILED = "journal-failed"
+CATEGORY_CONNECTION_CAP = "connection-cap"
+# The run and its classification.
+CATEGORY_BROKER_INTERNAL = "broker-internal"
+CATEGORY_RUNNER_INTERNAL = "runner-internal"
+CATEGORY_WORKSPACE_FAILED = "workspace-failed"
+CATEGORY_CLEANUP_FAILED = "cleanup-failed"
+CATEGORY_LAUNCH_FAILED = "query-launch-failed"
+CATEGORY_NONZERO_EXIT = "query-nonzero-exit"
+CATEGORY_OOM = "query-oom"
+CATEGORY_INVALID_OUTPUT = "invalid-output"
+CATEGORY_INTERRUPTED = "interrupted-by-restart"
+# The overflow halt (spec 14.3.1): the invocation that overflowed, and every
+# answer after it.
+CATEGORY_BUCKET_OVERFLOW = "timing-bucket-overflow"
+CATEGORY_HALTED = "halted-after-overflow"
+# The other halt: a protection the runner set up at start is gone (the
+# page-cache pin died), and the answers after it.
+CATEGORY_PROTECTION_LOST = "protection-lost"
+CATEGORY_HALTED_PROTECTION = "halted-after-protection-lost"
+# The transport (broker/http.py): a frame that never became a request.
+CATEGORY_HTTP_MALFORMED = "http-malformed"
+CATEGORY_HTTP_CONNECTION_LOST = "http-connection-lost"
+CATEGORY_HTTP_HEADER_TOO_LARGE = "http-header-too-large"
+CATEGORY_HTTP_OBS_FOLD = "http-obs-fold"
+CATEGORY_HTTP_DUPLICATE_LENGTH = "http-duplicate-content-length"
+CATEGORY_HTTP_HEADER_TIMEOUT = "http-header-timeout"
+CATEGORY_HTTP_BODY_TIMEOUT = "http-body-timeout"
+CATEGORY_HTTP_NO_REQUEST = "http-no-request"
+CATEGORY_HTTP_CHUNKED = "http-chunked-body"
+CATEGORY_HTTP_UPGRADE = "http-upgrade"
+CATEGORY_HTTP_BODY_TOO_LARGE = "http-body-too-large"
+CATEGORY_HTTP_TRUNCATED = "http-truncated-body"
+# The audit log's own records (broker/audit.py): one line of per-category
+# counts of uncounted answers, the marker of skipped lines, and the bucket
+# that collects categories past the summary's bound.
+CATEGORY_REFUSAL_SUMMARY = "refusal-summary"
+CATEGORY_AUDIT_TRUNCATED = "audit-truncated"
+CATEGORY_OTHER = "other"
+
+# --- 15 bounded agents: the enclave -----------------------------------------------------
+
+#: The OCI runtime name of gVisor with networking (enclaves only).
+OCI_RUNSC_NET = "runsc-net"
+#: Configured runtime -> OCI runtime of an enclave. An enclave needs one
+#: network peer (the API proxy, spec 15.6), so gVisor needs its own
+#: registration with networking: the queries' ``runsc`` has
+#: ``--network=none`` and an enclave never falls back to runc (spec 15.7).
+ENCLAVE_OCI_RUNTIMES: Mapping[str, str] = MappingProxyType(
+    {RUNTIME_DOCKER: OCI_RUNC, RUNTIME_GVISOR: OCI_RUNSC_NET}
+)
+#: The dedicated internal network of enclaves (spec 15.6, ``internal: true``
+#: with this explicit name).
+ENCLAVE_NETWORK = "awf-bounded-agent"
+#: The API proxy's fixed name on that network, the enclave's only peer (the
+#: engine's base URL names it; the enclave's constant /etc/hosts maps it).
+ENCLAVE_API_PROXY_ALIAS = "awf-api-proxy"
+#: Engines with an enclave adapter and image so far (spec 15.2 lists
+#: copilot, claude, codex, gemini; the others fail closed until they land).
+ENCLAVE_ENGINES: tuple[str, ...] = ("claude",)
+#: The enclave image per engine (built from Debian packages and the pinned
+#: npm package, never pulled: sandbox/enclave_image/build.sh).
+ENCLAVE_IMAGES: Mapping[str, str] = MappingProxyType(
+    {"claude": "bounded-query-enclave-claude:latest"}
+)
+#: spec 15.2 defaults: ``pidsLimit`` 128 and ``tmpfsLimit`` "64m" (each of
+#: /tmp and /agent).
+ENCLAVE_PIDS_LIMIT = 128
+ENCLAVE_TMPFS_BYTES = 64 * 1024**2
+#: spec 15.2 upper bounds of ``maxOutputBytes`` (the result file) and
+#: ``maxTaskBytes`` (the caller's task text).
+ENCLAVE_MAX_OUTPUT_BYTES = 8192
+ENCLAVE_MAX_TASK_BYTES = 65536
 
 # --- 14.2 the owner/repo slug ------------------------------------------------------------
 

@@ -181,7 +181,7 @@ NEVER = {
     "kcmp",
 }
 #: Never allowed either, although python3 or git may call them: each reads or
-#: modulates kernel state shared across invocations (issue 9, README "Residual
+#: modulates kernel state shared across invocations (README "Residual
 #: channels"), and every caller treats EPERM as "no information".
 #: fadvise64 (POSIX_FADV_DONTNEED evicts the shared image's pages from the
 #: page cache; coreutils and git only give hints) and mincore (reads page-cache

@@ -15,6 +15,7 @@ import trio
 from bounded_query.broker.apiproxy import ProxyConfig, parse_config
 from bounded_query.broker.apiproxy.server import ApiProxy
 from bounded_query.broker.apiproxy.usagelog import UsageLog
+from bounded_query.broker.protocol.policy import ENCLAVE_API_PROXY_ALIAS
 
 from tests.apiproxy.fake_upstream import FakeUpstream
 
@@ -36,7 +37,7 @@ def config_doc(tmp: Path, upstream_url: str, port: int, **overrides: object) -> 
         "maxModelRequests": 3,
         "maxModelTokens": 1024,
         "listen": {"host": "127.0.0.1", "port": port},
-        "clientHosts": [f"127.0.0.1:{port}", f"awf-api-proxy:{port}"],
+        "clientHosts": [f"127.0.0.1:{port}", f"{ENCLAVE_API_PROXY_ALIAS}:{port}"],
         "controlSocket": str(tmp / "control" / "control.sock"),
         "upstream": {"url": upstream_url, "allowInsecure": True},
         "usageDir": str(tmp / "usage"),

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, ENCLAVE_API_PROXY_ALIAS
 from bounded_query.harness.apiproxy_image import (
     APIPROXY_IMAGE,
     APIPROXY_UID,
@@ -66,12 +66,12 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 9000), Handler).serve_forever()
 
 ENCLAVE = r"""
 import json, socket, sys
-placeholder, model = sys.argv[1], sys.argv[2]
+placeholder, model, proxy = sys.argv[1], sys.argv[2], sys.argv[3]
 body = json.dumps({"model": model, "max_tokens": 999999, "stream": True,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
 out = {}
-s = socket.create_connection(("awf-api-proxy", 8080), timeout=20)
-s.sendall(b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: awf-api-proxy:8080\r\n"
+s = socket.create_connection((proxy, 8080), timeout=20)
+s.sendall(b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: " + proxy.encode() + b":8080\r\n"
           b"x-api-key: " + placeholder.encode() + b"\r\ncontent-type: application/json\r\n"
           b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 data = b""
@@ -136,7 +136,7 @@ def test_one_request_crosses_the_internal_network_through_the_proxy(docker_clien
             "maxModelRequests": 2,
             "maxModelTokens": 256,
             "listen": {"host": "0.0.0.0", "port": 8080},
-            "clientHosts": ["awf-api-proxy:8080"],
+            "clientHosts": [f"{ENCLAVE_API_PROXY_ALIAS}:8080"],
             "controlSocket": "/run/control/control.sock",
             "upstream": {"url": "http://provider:9000", "allowInsecure": True},
             "usageDir": "/run/usage",
@@ -190,7 +190,7 @@ def test_one_request_crosses_the_internal_network_through_the_proxy(docker_clien
         )
         created.append(proxy)
         enclave_net.disconnect(proxy)
-        enclave_net.connect(proxy, aliases=["awf-api-proxy"])
+        enclave_net.connect(proxy, aliases=[ENCLAVE_API_PROXY_ALIAS])
         egress_net.connect(proxy)
         proxy.start()
         socket_path = control_dir / "control.sock"
@@ -207,7 +207,13 @@ def test_one_request_crosses_the_internal_network_through_the_proxy(docker_clien
         assert armed["outcome"] == "armed"
         enclave = docker_client.containers.create(
             DEFAULT_IMAGE,
-            entrypoint=["/usr/bin/python3", "/opt/enclave.py", placeholder, MODEL],
+            entrypoint=[
+                "/usr/bin/python3",
+                "/opt/enclave.py",
+                placeholder,
+                MODEL,
+                ENCLAVE_API_PROXY_ALIAS,
+            ],
             name=f"bq-apiproxy-enclave-{suffix}",
             network=enclave_net.name,
             volumes={str(root / "enclave.py"): {"bind": "/opt/enclave.py", "mode": "ro"}},

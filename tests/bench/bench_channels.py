@@ -33,6 +33,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox import DockerRunner, RunOptions, docker_runner, spec
 from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
@@ -114,7 +115,7 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
         for secret, obs in zip(secret_list, observations, strict=True):
             print(secret, {k: obs[k] for k in ("ino_pipe", "ino_socket", "cache_ns_0")})
     results = channels.evaluate(secret_list, observations)
-    print(f"\n## {runtime} ({spec.RUNTIMES[runtime]}), {mode}, {count} trials")
+    print(f"\n## {runtime} ({policy.OCI_RUNTIMES[runtime]}), {mode}, {count} trials")
     print("| channel | correct/total bits | chance: n/2 +- | capacity bits/trial | feature |")
     print("| --- | --- | --- | --- | --- |")
     for name, (correct, total, feature) in results.items():

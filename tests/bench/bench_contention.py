@@ -37,6 +37,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox import DockerRunner, spec
 from bounded_query.sandbox.cpus import agent_cpus
@@ -127,7 +128,7 @@ def _capacity(correct: int, total: int) -> float:
 async def run(runtime: str, trials: int, base: Path) -> None:
     host = os.cpu_count() or 1
     seed = make_seed(base / f"seed-{runtime}")
-    oci = spec.RUNTIMES[runtime]
+    oci = policy.OCI_RUNTIMES[runtime]
     print(f"\n## {runtime} ({oci}), {trials} trials x {BITS} bits, slot {SLOT_S}s")
     print("| placement | encoder | correct/total | chance: n/2 +- (4.5 sd) | bits per trial |")
     print("| --- | --- | --- | --- | --- |")

@@ -56,12 +56,13 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bounded_query.broker.protocol import check_output, parse_schema
+from bounded_query.broker.protocol import check_output, parse_schema, policy
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.timing import DEFAULT_BOUNDARIES_S, choose_boundary
+from bounded_query.broker.timing import BOUNDARIES_S, choose_boundary
 from bounded_query.broker.workspace import read_result_file, remove_tree
 from bounded_query.harness import staging
 from bounded_query.sandbox import DockerRunner
+from bounded_query.sandbox import docker_runner as docker_runner_module
 from bounded_query.sandbox import spec as spec_module
 
 IMAGE = "bounded-query-python:latest"
@@ -446,9 +447,9 @@ async def run_broker(
 
 def bucket(seconds: float) -> int:
     try:
-        return choose_boundary(seconds, DEFAULT_BOUNDARIES_S)
+        return choose_boundary(seconds, BOUNDARIES_S)
     except Exception:
-        return len(DEFAULT_BOUNDARIES_S)
+        return len(BOUNDARIES_S)
 
 
 def bucket_name(index: int) -> str:
@@ -456,7 +457,7 @@ def bucket_name(index: int) -> str:
 
 
 #: Index of the 1 s boundary: nothing below it counts as promoted.
-ONE_SECOND = DEFAULT_BOUNDARIES_S.index(1.0)
+ONE_SECOND = BOUNDARIES_S.index(1.0)
 
 
 def main(argv: list[str]) -> int:
@@ -486,7 +487,10 @@ def main(argv: list[str]) -> int:
         return 0
     if args.oci_runtime:
         overrides = dict(item.split("=", 1) for item in args.oci_runtime)
-        spec_module.RUNTIMES = {**spec_module.RUNTIMES, **overrides}
+        # Both modules bound the policy's table at import: patch both copies.
+        patched = {**policy.OCI_RUNTIMES, **overrides}
+        for module in (spec_module, docker_runner_module):
+            module.__dict__["OCI_RUNTIMES"] = patched
     shapes = args.shapes.split(",")
     runtimes = args.runtimes.split(",")
     questions = args.questions.split(",")

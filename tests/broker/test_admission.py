@@ -234,7 +234,7 @@ def test_lookup_charge_and_affordability(repo, schema, spent, category, entry):
     assert isinstance(verdict, Admit)
     assert verdict.entry == SEED_MAP.lookup(entry)
     assert verdict.charge == bits
-    assert verdict.script == "print(1)"
+    assert verdict.payload == b"print(1)"
     assert verdict.records == (
         Admitted(ID, repo=verdict.entry.repo, charge=bits),
         Debit(ID, verdict.entry.repo, bits),

@@ -1,6 +1,6 @@
-"""Bounded audit growth (broker/audit.py; issue 9 part 4).
+"""Bounded audit growth and the audit codec (broker/audit.py).
 
-The pure policy (:func:`admit`, :class:`RefusalTally`) exhaustively, then the
+The pure policy (:func:`decide_write`, :class:`RefusalTally`) exhaustively, then the
 capped file itself, then a service whose audit log cannot be written at all
 (``/dev/full``): the answers and the journal must not change.
 """
@@ -14,41 +14,44 @@ import pytest
 from bounded_query.broker.audit import (
     MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
-    SUMMARY_CATEGORY,
-    TRUNCATED_CATEGORY,
-    Admission,
     AuditLog,
     AuditRecord,
     RefusalSummary,
     RefusalTally,
-    admit,
+    Truncation,
+    WriteDecision,
+    decide_write,
     format_record,
     format_summary,
+    parse_line,
     truncation_marker,
 )
+from bounded_query.broker.protocol import TIMING_BUCKETS_MS, policy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service
 
-# -- admit: every branch ----------------------------------------------------
+# -- decide_write: every branch ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("written", "length", "truncated", "free", "expected"),
     [
-        (0, 100, False, None, Admission.WRITE),
-        (0, 100, False, 10**9, Admission.WRITE),
-        (700, 100, False, None, Admission.WRITE),  # exactly cap - reserve
-        (701, 100, False, None, Admission.MARKER),
-        (999, 100, False, None, Admission.MARKER),
-        (0, 100, True, None, Admission.DROP),  # after the marker, nothing
-        (0, 100, False, 1099, Admission.DROP),  # would leave less than the floor
-        (0, 100, False, 1100, Admission.WRITE),  # leaves exactly the floor
-        (900, 100, False, 50, Admission.DROP),  # short of space beats the marker
+        (0, 100, False, None, WriteDecision.WRITE),
+        (0, 100, False, 10**9, WriteDecision.WRITE),
+        (700, 100, False, None, WriteDecision.WRITE),  # exactly cap - reserve
+        (701, 100, False, None, WriteDecision.MARKER),
+        (999, 100, False, None, WriteDecision.MARKER),
+        (0, 100, True, None, WriteDecision.DROP),  # after the marker, nothing
+        (0, 100, False, 1099, WriteDecision.DROP),  # would leave less than the floor
+        (0, 100, False, 1100, WriteDecision.WRITE),  # leaves exactly the floor
+        (900, 100, False, 50, WriteDecision.DROP),  # short of space beats the marker
     ],
 )
-def test_admit(written, length, truncated, free, expected):
-    got = admit(
+def test_decide_write(written, length, truncated, free, expected):
+    got = decide_write(
         written, length, truncated=truncated, free_bytes=free, cap=1000, reserve=200, floor=1000
     )
     assert got is expected
@@ -99,11 +102,11 @@ def test_tally_categories_are_bounded():
 def test_summary_and_marker_lines_keep_the_record_keys():
     summary = json.loads(format_summary(RefusalSummary((("x", 3), ("y", 1)), 1.0, 2.0)))
     assert summary["invocationId"] == "-"
-    assert summary["category"] == SUMMARY_CATEGORY
+    assert summary["category"] == policy.CATEGORY_REFUSAL_SUMMARY
     assert summary["counts"] == {"x": 3, "y": 1}
     assert summary["total"] == 4
     marker = json.loads(truncation_marker(5.0, skipped=7))
-    assert marker["category"] == TRUNCATED_CATEGORY
+    assert marker["category"] == policy.CATEGORY_AUDIT_TRUNCATED
     assert marker["skipped"] == 7
     with pytest.raises(ValueError, match="positive"):
         RefusalSummary((), 0.0, 0.0)
@@ -125,8 +128,8 @@ def test_the_log_stops_at_its_cap_with_one_marker(tmp_path):
     size = path.stat().st_size
     assert size <= cap
     lines = _lines(path)
-    assert lines[-1]["category"] == TRUNCATED_CATEGORY
-    assert sum(line["category"] == TRUNCATED_CATEGORY for line in lines) == 1
+    assert lines[-1]["category"] == policy.CATEGORY_AUDIT_TRUNCATED
+    assert sum(line["category"] == policy.CATEGORY_AUDIT_TRUNCATED for line in lines) == 1
     assert [line["invocationId"] for line in lines[:-1]] == [
         f"{i:032x}" for i in range(len(lines) - 1)
     ]
@@ -194,3 +197,76 @@ async def test_audit_write_failures_change_no_answer(autojump_clock, tmp_path):
     finally:
         svc.accounts.close()
         audit.close()
+
+
+# --- the audit log's one codec: what the writer writes, the readers decode ---------------
+
+_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+_maybe_int = st.none() | st.integers(min_value=0, max_value=2**40)
+
+
+@given(
+    invocation_id=_text,
+    category=st.sampled_from(
+        [
+            getattr(policy, n)
+            for n in policy.__all__
+            if n.startswith("CATEGORY_")
+            and n not in ("CATEGORY_REFUSAL_SUMMARY", "CATEGORY_AUDIT_TRUNCATED")
+        ]
+    ),
+    sensitivity=st.none() | st.sampled_from(policy.SENSITIVITIES),
+    charge=_maybe_int,
+    bucket=st.none() | st.sampled_from(TIMING_BUCKETS_MS),
+    wall=st.floats(min_value=0, max_value=4e9).map(lambda t: round(t, 3)),
+    detail=st.none() | _text,
+    repo=st.none() | st.just("octo/alpha"),
+    kind=st.none() | st.sampled_from(["boolean", "object"]),
+)
+def test_answer_lines_decode_to_what_was_written(
+    invocation_id, category, sensitivity, charge, bucket, wall, detail, repo, kind
+):
+    record = AuditRecord(
+        invocation_id, category, sensitivity, charge, bucket, wall, detail, repo, kind
+    )
+    assert parse_line(format_record(record)) == record
+
+
+@given(
+    counts=st.dictionaries(
+        st.sampled_from(["http-malformed", "max-invocations", "other"]),
+        st.integers(1, 10**6),
+        min_size=1,
+    ),
+    since=st.floats(min_value=0, max_value=4e9),
+    wall=st.floats(min_value=0, max_value=4e9),
+    skipped=st.integers(0, 10**9),
+)
+def test_log_records_decode_to_what_was_written(counts, since, wall, skipped):
+    summary = RefusalSummary(tuple(sorted(counts.items())), since, wall)
+    assert parse_line(format_summary(summary)) == summary
+    assert parse_line(truncation_marker(wall, skipped)) == Truncation(skipped, wall)
+
+
+@given(st.binary(max_size=200) | st.from_type(object).map(lambda o: repr(o).encode()))
+def test_any_other_line_is_skipped_never_raised(raw):
+    decoded = parse_line(raw)
+    assert decoded is None or isinstance(decoded, AuditRecord | RefusalSummary | Truncation)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"",
+        b"[]",
+        b'{"category": "ok", "invocationId": "01"}',  # no _schema: not our line
+        b'{"_schema": "bounded-query-event/v1", "category": "ok", "invocationId": "01"}',
+        b'{"_schema": "bounded-query-audit/v1", "category": 7, "invocationId": "01"}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "ok", "invocationId": 1}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "refusal-summary", "counts": []}',
+        b'{"_schema": "bounded-query-audit/v1", "category": "audit-truncated", "time": 1}',
+        b"[" * 100000,
+    ],
+)
+def test_foreign_or_malformed_lines_are_none(line):
+    assert parse_line(line) is None

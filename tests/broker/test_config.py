@@ -8,12 +8,20 @@ from pathlib import Path
 
 import pytest
 from bounded_query.broker.config import (
+    BrokerConfig,
     ConfigError,
+    SeedEntry,
+    SeedMap,
+    encode_config,
+    encode_seed_map,
     load_config,
     load_seed_map,
     parse_config,
     parse_seed_map,
 )
+from bounded_query.broker.protocol import policy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.broker.helpers import make_root
 
@@ -148,3 +156,69 @@ def test_bad_seed_maps(tmp_path, mutate, message):
     mutate(doc)
     with pytest.raises(ConfigError, match=message):
         parse_seed_map(doc)
+
+
+# --- the codec: one module encodes and decodes both documents ---------------------------
+
+_names = st.sampled_from(["a", "octo", "x-1", "repo_2", "dot.ted", "Z9"])
+_slugs = st.tuples(st.sampled_from(["octo", "a", "Org-9"]), _names).map("/".join)
+_paths = st.lists(_names, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts))
+_hex = lambda n: st.binary(min_size=n, max_size=n).map(bytes.hex)  # noqa: E731
+_ids = st.none() | st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@given(
+    run_id=_hex(16) | _hex(32),
+    socket=_paths,
+    uid=_ids,
+    gid=_ids,
+    root=_paths,
+    runtime=st.sampled_from(policy.RUNTIMES),
+    timeout=st.integers(policy.MIN_TIMEOUT_S, policy.MAX_TIMEOUT_S),
+    memory=st.sampled_from(["6m", "512m", "1g", "64g", "104857600"]),
+    invocations=st.integers(policy.MIN_INVOCATIONS, policy.MAX_INVOCATIONS),
+    path_map=st.dictionaries(_paths, _paths, max_size=3),
+)
+def test_config_round_trips_through_its_codec(
+    run_id, socket, uid, gid, root, runtime, timeout, memory, invocations, path_map
+):
+    config = BrokerConfig(
+        run_id=run_id,
+        socket_path=Path(socket),
+        socket_uid=uid,
+        socket_gid=gid,
+        private_root=Path(root),
+        seed_map_path=Path(root) / "seed-map.json",
+        runtime=runtime,
+        timeout_s=timeout,
+        memory_limit=memory,
+        memory_bytes=policy.parse_memory_limit(memory),
+        max_invocations=invocations,
+        image=policy.DEFAULT_IMAGE,
+        docker_host=policy.DEFAULT_DOCKER_HOST,
+        host_path_map=tuple(sorted(path_map.items())),
+    )
+    document = json.loads(json.dumps(encode_config(config)))
+    assert parse_config(document) == config
+
+
+@given(
+    st.lists(
+        st.tuples(
+            _slugs,
+            _hex(16),
+            st.sampled_from(policy.SENSITIVITIES),
+            _hex(20),
+        ),
+        max_size=5,
+        unique_by=lambda t: t[0].lower(),
+    )
+)
+def test_seed_map_round_trips_through_its_codec(rows):
+    seed_map = SeedMap(
+        {repo.lower(): SeedEntry(repo, sid, sens, commit) for repo, sid, sens, commit in rows}
+    )
+    document = json.loads(json.dumps(encode_seed_map(seed_map)))
+    decoded = parse_seed_map(document)
+    assert decoded == seed_map
+    assert list(decoded.entries) == list(seed_map.entries)

@@ -130,7 +130,7 @@ async def test_concurrent_refusals_are_counted_in_shared_appends(tmp_path):
         assert service.accounts.invocations == cap
         assert sum(appends) == cap  # one record per counted refusal
         assert len(appends) < cap / 5  # but batched: far fewer appends
-        assert dict(service._tally.pending) == {"http-malformed": 50}  # past the cap
+        assert dict(service.sink._tally.pending) == {"http-malformed": 50}  # past the cap
     finally:
         journal.close()
         audit.close()

@@ -14,8 +14,8 @@ import signal
 from pathlib import Path
 
 import trio
-from bounded_query.broker.audit import SUMMARY_CATEGORY
 from bounded_query.broker.http import response_bytes
+from bounded_query.broker.protocol import policy
 
 from tests.broker.helpers import ERROR, exchange, make_root, request_bytes
 from tests.broker.procs import start_broker
@@ -72,7 +72,7 @@ async def test_a_flood_past_the_cap_costs_no_journal_and_bounded_audit(tmp_path)
     grown = audit.stat().st_size - audit_before
     assert 0 < grown <= AUDIT_BOUND_BYTES
     new = [json.loads(line) for line in audit.read_bytes()[audit_before:].splitlines()]
-    assert {line["category"] for line in new} == {SUMMARY_CATEGORY}
+    assert {line["category"] for line in new} == {policy.CATEGORY_REFUSAL_SUMMARY}
     counts: dict[str, int] = {}
     for line in new:
         for category, number in line["counts"].items():

@@ -94,7 +94,7 @@ async def test_a_refusal_after_the_answer_is_not_held(tmp_path):
         sock = os.fspath(config.socket_path)
         assert body_of(await exchange(sock, request_bytes("sleep 0.3\nwrite true"))) == OK
         assert server.service is not None
-        await server.service.hold_refusal()  # the gate is open again
+        await server.service.gate.hold()  # the gate is open again
         start = trio.current_time()
         assert body_of(await exchange(sock, GARBAGE)) == ERROR
         assert trio.current_time() - start < 0.5

@@ -16,8 +16,8 @@ from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
-from bounded_query.broker.service import BOUNDARIES_S, Service
-from bounded_query.broker.timing import TOLERANCE_S
+from bounded_query.broker.service import Service
+from bounded_query.broker.timing import BOUNDARIES_S, TOLERANCE_S
 
 from tests.broker.helpers import ERROR, load, make_root, raw_request, request_bytes, run_inline
 from tests.fakes.runner import ScriptedRunner
@@ -199,7 +199,7 @@ async def test_refusals_wait_for_the_running_invocation_to_answer(autojump_clock
 
     async def refusal(at: float) -> None:
         await trio.sleep_until(at)
-        await service.hold_refusal()
+        await service.gate.hold()
         released.append(trio.current_time())
 
     origin = trio.current_time()
@@ -216,7 +216,7 @@ async def test_refusals_wait_for_the_running_invocation_to_answer(autojump_clock
     assert released == [pytest.approx(origin + 1.0, abs=1e-9)] * 5
     # Idle lane: at once.
     before = trio.current_time()
-    await service.hold_refusal()
+    await service.gate.hold()
     assert trio.current_time() == before
 
 
@@ -227,7 +227,7 @@ async def test_refusals_are_released_by_the_overflow_answer_not_the_overrun_end(
 
     async def refusal(at: float) -> None:
         await trio.sleep_until(at)
-        await service.hold_refusal()
+        await service.gate.hold()
         released.append(trio.current_time())
 
     origin = trio.current_time()
@@ -254,7 +254,7 @@ async def test_after_a_halt_refusals_are_tallied_not_journaled(autojump_clock, s
         assert (await _answer(service, request_bytes("write true")))[0] == ERROR
     assert service.accounts.invocations == counted
     assert service.config.journal_path.stat().st_size == journal_size
-    assert dict(service._tally.pending) == {"halted-after-overflow": 50, "http-malformed": 50}
+    assert dict(service.sink._tally.pending) == {"halted-after-overflow": 50, "http-malformed": 50}
 
 
 async def test_audit_times_come_from_the_injected_wall_clock(autojump_clock, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 from bounded_query.broker.timing import (
-    DEFAULT_BOUNDARIES_S,
+    BOUNDARIES_S,
     FINAL_STAGE_S,
     TOLERANCE_S,
     TimingOverflow,
@@ -16,7 +16,7 @@ from bounded_query.broker.timing import (
     wait_for_boundary,
 )
 
-B = DEFAULT_BOUNDARIES_S
+B = BOUNDARIES_S
 MS = 0.001
 
 

@@ -40,9 +40,22 @@ class ScriptedRunner:
     closed: int = 0
     #: What :meth:`degradations` reports (tests set it).
     degraded: tuple[Degradation, ...] = ()
+    #: Set by :meth:`lose`: what :meth:`watch` returns.
+    lost: Degradation | None = None
+    _lost_event: trio.Event = field(default_factory=trio.Event)
 
     def degradations(self) -> tuple[Degradation, ...]:
-        return self.degraded
+        return self.degraded if self.lost is None else (*self.degraded, self.lost)
+
+    def lose(self, protection: Degradation) -> None:
+        """Lose a protection mid-run, as a killed page-cache pin does."""
+        self.lost = protection
+        self._lost_event.set()
+
+    async def watch(self) -> Degradation:
+        await self._lost_event.wait()
+        assert self.lost is not None
+        return self.lost
 
     async def aclose(self) -> None:
         self.closed += 1
@@ -107,6 +120,10 @@ class ProcessRunner:
 
     def degradations(self) -> tuple[Degradation, ...]:
         return self.degraded
+
+    async def watch(self) -> Degradation:
+        await trio.sleep_forever()  # nothing to lose
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         self.closed += 1

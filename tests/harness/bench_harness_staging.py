@@ -21,7 +21,7 @@ from pathlib import Path
 from bounded_query.harness import staging
 from bounded_query.harness.config import PrivateRepo
 from bounded_query.harness.paths import run_paths
-from bounded_query.harness.staging import SeedSpec, create_private_root, remove_tree
+from bounded_query.harness.staging import SeedSpec, create_private_root, remove_read_only_tree
 
 from tests.harness.bq_harness_helpers import git, var_tmp_base
 
@@ -69,7 +69,7 @@ def timed_phases(source: Path, base: Path) -> dict[str, float]:
         )
         phases["total"] = time.perf_counter() - started
         started = time.perf_counter()
-        remove_tree(paths.private_root)
+        remove_read_only_tree(paths.private_root)
         phases["remove"] = time.perf_counter() - started
     finally:
         for name, function in originals.items():

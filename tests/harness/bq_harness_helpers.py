@@ -222,7 +222,8 @@ options = RunOptions(
     unconfined_agent=True,
 )
 trio.run(run, options, EventSink(sys.stdout),
-         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"]})
+         {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ["PYTHONPATH"],
+          "DOCKER_HOST": os.environ["DOCKER_HOST"]})
 """
 
 
@@ -243,45 +244,73 @@ def live_pids_with(fragment: bytes) -> list[int]:
 
 @contextlib.contextmanager
 def killable_harness(
-    work: Path, config: Path, source: Path, base: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid).
+    work: Path, config: Path, source: Path, base: Path, docker_host: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """Start :data:`KILLABLE_HARNESS`, wait for its agent; yield (harness, agent pid, reaper pid).
 
-    On exit the harness and the agent are killed if still alive, so a failing
-    test leaves no process behind (what else runs under ``base`` is the
-    caller's to check).
+    ``docker_host`` is the run's ``DOCKER_HOST`` (a fake engine's, in the
+    tests that need no engine).
+
+    On exit the harness is killed if still alive, its reaper gets
+    :data:`REAPER_WAIT_S` to finish (then it is killed too) and the agent is
+    killed, so a failing test leaves no process behind (what else runs under
+    ``base`` is the caller's to check).
     """
     import json
     import signal
     import sys
 
     (work / "driver.py").write_text(KILLABLE_HARNESS)
-    env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(HARNESS_TESTS_ROOT), "DOCKER_HOST": docker_host}
     harness = subprocess.Popen(
         [sys.executable, str(work / "driver.py"), str(config), str(source), str(base), str(work)],
         stdout=subprocess.PIPE,
         env=env,
         cwd=HARNESS_TESTS_ROOT,
     )
-    agent_pid = None
+    agent_pid = reaper_pid = None
     try:
         assert harness.stdout is not None
         for line in harness.stdout:
             event = json.loads(line)
+            if event["event"] == "reaper_armed":
+                reaper_pid = event["pid"]
             if event["event"] == "agent_started":
                 agent_pid = event["pid"]
                 break
         assert agent_pid is not None, "the harness never started the agent"
-        yield harness, agent_pid
+        assert reaper_pid is not None, "the harness never armed its reaper"
+        yield harness, agent_pid, reaper_pid
     finally:
         if harness.poll() is None:
             harness.kill()
             harness.wait()
         if harness.stdout is not None:
             harness.stdout.close()
-        if agent_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(agent_pid, signal.SIGKILL)
+        if reaper_pid is not None:
+            wait_gone(reaper_pid, REAPER_WAIT_S)
+        for pid in (reaper_pid, agent_pid):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+#: How long a test lets a reaper finish before killing it.
+REAPER_WAIT_S = 30.0
+
+
+def wait_gone(pid: int, limit_s: float) -> bool:
+    """Wait (polling its pidfd) until process ``pid`` has exited; True when it has."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], limit_s)[0])
+    finally:
+        os.close(fd)
 
 
 # -- tmpfs mounts in tests -----------------------------------------------
@@ -329,9 +358,18 @@ FAKE_BROKER = (sys.executable, "-m", "tests.fakes.broker_main")
 
 
 async def run_with_fake_broker(
-    config: Path, source: Path, workspace: Path, base: Path, agent: tuple[str, ...]
+    config: Path,
+    source: Path,
+    workspace: Path,
+    base: Path,
+    agent: tuple[str, ...],
+    *,
+    docker_host: str,
 ) -> tuple[int, list[dict[str, object]]]:
-    """One in-process ``run`` of ``octo/alpha`` (staged from ``source``); (status, events)."""
+    """One in-process ``run`` of ``octo/alpha`` (staged from ``source``); (status, events).
+
+    ``docker_host`` is the run's ``DOCKER_HOST`` (a fake engine's: these runs
+    need none)."""
     import io
     import json
 
@@ -349,6 +387,10 @@ async def run_with_fake_broker(
         **HOST_AGENT,
     )
     stream = io.StringIO()
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(HARNESS_TESTS_ROOT)}
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(HARNESS_TESTS_ROOT),
+        "DOCKER_HOST": docker_host,
+    }
     status = await run(options, EventSink(stream), env)
     return status, [json.loads(line) for line in stream.getvalue().splitlines()]

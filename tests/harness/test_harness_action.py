@@ -189,6 +189,117 @@ def test_runtime_override_of_a_file_without_the_section_is_refused(tmp_path):
     assert recorded == {}
 
 
+FAKE_SUDO = textwrap.dedent(
+    """\
+    #!PYTHON
+    # Stands in for sudo: records how it was called, then keeps only the
+    # variables named in --preserve-env (as sudo does) and runs the command.
+    import json, os, sys
+    args = sys.argv[1:]
+    with open(os.environ["SUDO_RECORD"], "w", encoding="utf-8") as handle:
+        json.dump({"argv": args, "uid": os.getuid()}, handle)
+    keep = set()
+    while args[0] != "--":
+        if args[0].startswith("--preserve-env="):
+            keep = set(args[0].split("=", 1)[1].split(","))
+        args.pop(0)
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    os.execvpe(args[1], args[1:], env)
+    """
+)
+
+
+@pytest.fixture
+def nobody_dir():
+    """A directory uid 65534 can reach (pytest's own tmp_path sits under a 0700 one)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="bq-action-test-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+#: The system interpreter: the test venv's sits under /root, which uid 65534 cannot enter.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def test_a_non_root_runner_starts_the_harness_as_root_keeping_its_variables(nobody_dir):
+    """As the runner's user (uid 65534 here), the step goes through sudo, by name only."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become uid 65534")
+    bin_dir = nobody_dir / "bin"
+    bin_dir.mkdir()
+    bin_dir.chmod(0o755)
+    sudo = bin_dir / "sudo"
+    sudo.write_text(FAKE_SUDO.replace("PYTHON", SYSTEM_PYTHON), encoding="utf-8")
+    sudo.chmod(0o755)
+    recorder = nobody_dir / "recorder.py"
+    recorder.write_text(
+        RECORDER.replace(
+            'record = {"argv": args}',
+            'record = {"argv": args, "env": dict(os.environ)}',
+        ),
+        encoding="utf-8",
+    )
+    recorder.chmod(0o644)
+    shared = nobody_dir
+    record, sudo_record = shared / "record.json", shared / "sudo.json"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "BQ_HARNESS": f"{SYSTEM_PYTHON} {recorder}",
+        "RECORD": str(record),
+        "SUDO_RECORD": str(sudo_record),
+        "INPUT_CONFIG": str(EXAMPLE_CONFIG),
+        "INPUT_AGENT_COMMAND": "true",
+        "INPUT_WORKSPACE": str(shared),
+        "GH_TOKEN": "s3cr3t-staging-token",
+        "GITHUB_STEP_SUMMARY": str(shared / "summary.md"),
+        "GITHUB_SERVER_URL": "https://github.example",
+        "ANTHROPIC_API_KEY": "the-agent's-own",
+        "LD_LIBRARY_PATH": "/nonexistent/lib",
+    }
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", str(SCRIPT), "run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    called = json.loads(sudo_record.read_text(encoding="utf-8"))
+    assert called["uid"] == 65534
+    assert "s3cr3t-staging-token" not in json.dumps(called["argv"]), "no token on argv"
+    assert "the-agent's-own" not in json.dumps(called["argv"])
+    harness = json.loads(record.read_text(encoding="utf-8"))
+    kept = harness["env"]
+    assert kept["GH_TOKEN"] == "s3cr3t-staging-token"
+    assert kept["GITHUB_STEP_SUMMARY"] == str(shared / "summary.md")
+    assert kept["GITHUB_SERVER_URL"] == "https://github.example"
+    assert kept["ANTHROPIC_API_KEY"] == "the-agent's-own"
+    assert "LD_LIBRARY_PATH" not in kept
+    assert kept["PATH"] == env["PATH"]
+    assert harness["argv"][:2] == ["run", "--config"]
+
+
+def test_a_root_runner_needs_no_sudo(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the tests run as root in CI")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sudo").write_text("#!/bin/sh\nexit 99\n", encoding="utf-8")
+    (bin_dir / "sudo").chmod(0o755)
+    result, recorded, _ = _run_step(
+        tmp_path,
+        {"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        config=str(EXAMPLE_CONFIG),
+        agent_command="true",
+    )
+    assert result.returncode == 0, result.stderr
+    assert recorded["argv"][0] == "run"
+
+
 ASK = (
     "bounded-query --repo example/widgets --schema '{\"type\":\"boolean\"}' <<'EOF'\n"
     "import json, os\n"

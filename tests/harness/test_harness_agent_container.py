@@ -25,10 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.agent import sweep_agent_containers
-from bounded_query.harness.agent_spec import LABEL_OWNER, LABEL_ROLE, ROLE_AGENT
+from bounded_query.harness.agent_spec import ROLE_AGENT
 from bounded_query.harness.events import EventSink
 from bounded_query.harness.sweep import MODE_RUN, OwnerRecord, current_owner
 from bounded_query.sandbox.cpus import agent_cpus

@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.agent_spec import (
     DEFAULT_AGENT_UID,
-    LABEL_OWNER,
-    LABEL_ROLE,
     AgentContainer,
     AgentUser,
     agent_environment,

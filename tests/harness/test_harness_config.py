@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 import pytest
+from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.config import (
     SCHEMA_PATH,
-    SLUG_RE,
     BoundedQueriesConfig,
     ConfigError,
     PrivateRepo,
@@ -106,20 +106,22 @@ def test_unsafe_slugs_rejected_in_both_forms(slug):
         assert problems, entry
         assert problems[0].startswith("boundedQueries.privateRepos[0]")
         assert "owner/repo" in problems[0]
-    assert SLUG_RE.fullmatch(slug) is None
+    assert policy.SLUG_RE.fullmatch(slug) is None
 
 
 @pytest.mark.parametrize("slug", ["a/b", "my-org/my.repo_1", "A1/.github", "o/x.y", "o/-"])
 def test_safe_slugs_accepted(slug):
     assert problems_of({"privateRepos": [slug]}) == []
-    assert SLUG_RE.fullmatch(slug) is not None
+    assert policy.SLUG_RE.fullmatch(slug) is not None
 
 
 def test_schema_pattern_agrees_with_code_rule():
     schema = json.loads(SCHEMA_PATH.read_text())
     pattern = schema["$defs"]["slug"]["pattern"]
     for text in ["a/b", "a/b\n", "a/..", "a/x..y", "a/.", "a/.x", "a/b\n\n"]:
-        assert (re.search(pattern, text) is not None) == (SLUG_RE.fullmatch(text) is not None), text
+        assert (re.search(pattern, text) is not None) == (
+            policy.SLUG_RE.fullmatch(text) is not None
+        ), text
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.compose import HARNESS_LABEL
@@ -150,6 +150,10 @@ async def test_run_stages_over_http_and_answers_through_the_real_broker(engine, 
     assert "GH_TOKEN" not in report["env"]
     run_id = next(e for e in events if e["event"] == "config_loaded")
     assert run_id
+    # The real broker's own lines arrive as versioned records, not raw.
+    relayed = [e["event"] for e in events if e["_schema"] == "bounded-query-broker/v1"]
+    assert relayed[0] == "broker-ready"
+    assert relayed[-1] == "broker-stopped"
     summary = (tmp_path / "summary.md").read_text()
     assert "| `octo/alpha` | confidential | 8 | 0 | 0 |" in summary
     assert "Refused before launch (any repository): 3" in summary

@@ -18,9 +18,9 @@ import venv
 from pathlib import Path
 
 import pytest
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.images import RECIPES, build_images, missing_hint, recipe_script
-from bounded_query.harness.preflight import DEFAULT_IMAGE
 
 from tests.conftest import require_engine
 

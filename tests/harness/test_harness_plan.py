@@ -107,7 +107,7 @@ def test_isolated_storage_only_as_root(tmp_path, euid, isolated):
 
 
 def test_preflight_inputs_carry_the_options(tmp_path):
-    options = _options(tmp_path, allow_insecure_server=True, allow_mixed_sensitivity=True)
+    options = _options(tmp_path, allow_insecure_server=True, allow_open_channels=True)
     env = {"GITHUB_SERVER_URL": "http://127.0.0.1:1"}
     plan = plan_run(options, CONFIG, env, run_id=RUN_ID, uid=1, euid=1)
     assert plan.preflight.config is CONFIG
@@ -115,7 +115,7 @@ def test_preflight_inputs_carry_the_options(tmp_path):
     assert plan.preflight.env == env
     assert plan.preflight.seed_sources == {"octo/alpha": tmp_path / "alpha-src"}
     assert plan.preflight.allow_insecure_server is True
-    assert plan.preflight.allow_mixed_sensitivity is True
+    assert plan.preflight.allow_open_channels is True
 
 
 def test_seeds_in_configuration_order_with_their_local_source(tmp_path):
@@ -140,7 +140,7 @@ def test_channel_decision_for_a_mixed_run(tmp_path, runtime, euid, allow, degrad
         private_repos=(PrivateRepo("octo/a", "public"), PrivateRepo("octo/b", "internal")),
         runtime=runtime,
     )
-    options = _options(tmp_path, allow_mixed_sensitivity=allow)
+    options = _options(tmp_path, allow_open_channels=allow)
     plan = plan_run(options, config, {}, run_id=RUN_ID, uid=euid, euid=euid)
     assert (plan.channels.degraded is not None) is degraded
     assert (plan.channels.problem is not None) is (not allow and runtime == "docker")

@@ -39,7 +39,7 @@ def make_inputs(tmp_path, docker_sock, **overrides):
     paths = overrides.pop("paths", run_paths(0, tmp_path / "ws", "ab" * 16, base=tmp_path / "vt"))
     # REPOS mixes public and internal on runc: the channel policy (tested in
     # test_channel_policy.py) would refuse it; these tests are about the rest
-    overrides.setdefault("allow_mixed_sensitivity", True)
+    overrides.setdefault("allow_open_channels", True)
     return PreflightInputs(config=config, paths=paths, env=env, **overrides)
 
 

@@ -1,23 +1,26 @@
-"""Terminal progress (issue 14 item 6): one human line per answered invocation."""
+"""Terminal progress: one human line per answered invocation."""
 
 from __future__ import annotations
 
-import json
 from functools import partial
 
 import trio
 from bounded_query.broker.audit import (
+    AuditLine,
     AuditRecord,
     RefusalSummary,
     format_record,
     format_summary,
+    parse_line,
     truncation_marker,
 )
 from bounded_query.harness.progress import AuditFollower, follow_audit, human_line, read_inline
 
 
-def _record(line: bytes) -> dict[str, object]:
-    return json.loads(line)
+def _record(line: bytes) -> AuditLine:
+    decoded = parse_line(line)
+    assert decoded is not None
+    return decoded
 
 
 def test_a_launched_answer_names_repo_kind_charge_bucket_and_outcome():
@@ -40,7 +43,7 @@ def test_refusals_and_log_records_read_plainly():
     marker = human_line(_record(truncation_marker(1.0, 2)))
     assert marker is not None
     assert "size cap" in marker
-    assert human_line({"no": "category"}) is None
+    assert parse_line(b'{"no": "category"}') is None
 
 
 def test_follower_keeps_a_partial_line_until_it_completes():
@@ -48,9 +51,12 @@ def test_follower_keeps_a_partial_line_until_it_completes():
     whole = format_record(AuditRecord("01", "ok")) + format_record(AuditRecord("02", "ok"))
     first, second = whole[:70], whole[70:]
     got = follower.feed(first)
-    assert [r["invocationId"] for r in got] == ([] if b"\n" not in first else ["01"])
+    assert [r.invocation_id for r in got if isinstance(r, AuditRecord)] == (
+        [] if b"\n" not in first else ["01"]
+    )
     rest = follower.feed(second + b"garbage\n")
-    assert [r["invocationId"] for r in got + rest] == ["01", "02"]
+    assert [r.invocation_id for r in got + rest if isinstance(r, AuditRecord)] == ["01", "02"]
+    assert len(got + rest) == 2
     assert follower.offset == len(whole) + len(b"garbage\n")
 
 

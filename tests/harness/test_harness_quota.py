@@ -180,7 +180,7 @@ json.dump([p for p in points if p.startswith(base + "/")], open(out, "w"))
 """
 
 
-async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
+async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path, fake_engine):
     require_root()
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
@@ -195,7 +195,9 @@ async def test_fake_broker_run_mounts_the_quota_and_removes_it(tmp_path):
     report = tmp_path / "mounts.json"
     with quota_base() as base:
         agent = (sys.executable, str(tmp_path / "agent.py"), str(base), str(report))
-        status, events = await run_with_fake_broker(config, source, tmp_path, base, agent)
+        status, events = await run_with_fake_broker(
+            config, source, tmp_path, base, agent, docker_host=fake_engine.docker_host
+        )
         assert mounts_under(base) == []
         assert list(base.iterdir()) == []
     assert status == 0, events
@@ -224,7 +226,7 @@ def threads_of(pid: int) -> int:
     raise AssertionError("no Threads line")
 
 
-def test_broker_child_dies_with_a_sigkilled_harness(tmp_path):
+def test_broker_child_dies_with_a_sigkilled_harness(tmp_path, fake_engine):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
@@ -232,7 +234,11 @@ def test_broker_child_dies_with_a_sigkilled_harness(tmp_path):
     config.write_text(json.dumps({"boundedQueries": section}))
     with quota_base() as base:
         try:
-            with killable_harness(tmp_path, config, source, base) as (harness, _agent):
+            with killable_harness(tmp_path, config, source, base, fake_engine.docker_host) as (
+                harness,
+                _agent,
+                _reaper,
+            ):
                 broker = live_pids_with(b"tests.fakes.broker_main")
                 broker = [
                     p

@@ -80,7 +80,7 @@ def write_config(path: Path, enabled: bool = True, timeout: int = 30) -> Path:
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path, fake_engine):
     with var_tmp_base() as base:
         source = tmp_path / "src"
         make_repo(source, {"README.md": "hi\n"})
@@ -94,6 +94,8 @@ def setup(tmp_path):
             "PYTHONPATH": str(REPO_ROOT),
             "GH_TOKEN": "should-not-reach-the-agent",
             "GITHUB_STEP_SUMMARY": str(summary),
+            # A fake Engine API: these runs need no engine (preflight, sweep, teardown).
+            "DOCKER_HOST": fake_engine.docker_host,
         }
         yield {
             "tmp": tmp_path,
@@ -103,6 +105,7 @@ def setup(tmp_path):
             "agent": agent,
             "summary": summary,
             "env": env,
+            "engine": fake_engine,
         }
 
 
@@ -191,6 +194,17 @@ async def test_full_run_passes_agent_status_and_tears_down(setup):
     assert "| `octo/vault` | sealed | 0 | 0 | 0 |" in summary
     assert "Refused before launch (any repository): 1" in summary
     assert "should-not-reach-the-agent" not in stream.getvalue()
+    # The engine work around the run went to DOCKER_HOST (the fake Engine API):
+    # the sweep of stale agent containers, then teardown's reconcile by run label.
+    engine = setup["engine"]
+    assert "containers_reconciled" in names
+    assert not [e for e in events if e["event"] == "degraded" and e["subsystem"] == "harness"]
+    listed = engine.listed_labels("containers")
+    assert listed[0] == ["bounded-query.role=agent"]
+    [run_label] = listed[1]
+    assert run_label.startswith("bounded-query.run=")
+    assert engine.listed_labels("volumes") == [[run_label]]
+    assert engine.unexpected == []
 
 
 async def test_disabled_runs_the_agent_untouched(setup):
@@ -486,11 +500,20 @@ async def test_no_record_holds_a_script_an_output_a_host_path_or_a_token(setup):
         ("octo/alpha", "ok"),
         ("octo/alpha", "invalid-output"),
     ]
+    written = events_of(stream)
     for record_type, docs in (
         ("bounded-query-audit/v1", lines),
-        ("bounded-query-event/v1", events_of(stream)),
+        (
+            "bounded-query-event/v1",
+            [e for e in written if e["_schema"] == "bounded-query-event/v1"],
+        ),
+        (
+            "bounded-query-broker/v1",
+            [e for e in written if e["_schema"] == "bounded-query-broker/v1"],
+        ),
         ("bounded-query-report/v1", [json.loads(report)]),
     ):
+        assert docs, record_type
         schema = json.loads(schema_path(record_type).read_text(encoding="utf-8"))
         for doc in docs:
             jsonschema.validate(doc, schema)

@@ -18,7 +18,7 @@ from bounded_query.harness.staging import (
     create_private_root,
     make_read_only,
     reject_external_references,
-    remove_tree,
+    remove_read_only_tree,
     scrub,
     server_url,
     stage_seeds,
@@ -290,7 +290,7 @@ def test_remove_tree_handles_read_only_trees(paths):
     (seed / "x" / "y").mkdir(parents=True)
     (seed / "x" / "y" / "f").write_text("z")
     make_read_only(seed)
-    remove_tree(paths.private_root)
+    remove_read_only_tree(paths.private_root)
     assert not paths.private_root.exists()
 
 

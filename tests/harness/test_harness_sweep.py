@@ -9,8 +9,9 @@
 * Removal handles a read-only seed tree, the ingress root with the same
   suffix and (as root; failing instead of skipping under CI=true) a mounted
   workspace tmpfs.
-* End to end: a harness killed with SIGKILL mid-run leaves its roots and
-  its tmpfs; the next ``run`` on the same base removes them.
+* End to end: a harness killed with SIGKILL mid-run together with its
+  reaper (``reaper.py`` removes them otherwise) leaves its roots and its
+  tmpfs; the next ``run`` on the same base removes them.
 """
 
 from __future__ import annotations
@@ -409,8 +410,17 @@ def test_sweep_removes_the_dead_runs_query_containers_and_volumes(docker_client)
 # -- end to end: SIGKILL, then the next run ----------------------------------
 
 
-def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path) -> None:
-    with killable_harness(tmp_path, config, source, base) as (harness, _agent):
+def kill_harness_mid_run(
+    tmp_path: Path, base: Path, config: Path, source: Path, docker_host: str
+) -> None:
+    """SIGKILL the harness *and its reaper* (the reaper first, so it never reaps):
+    what an OOM kill of the whole job or a power cut leaves for the sweep."""
+    with killable_harness(tmp_path, config, source, base, docker_host) as (
+        harness,
+        _agent,
+        reaper,
+    ):
+        os.kill(reaper, signal.SIGKILL)
         harness.kill()
         harness.wait(timeout=10)
     deadline = time.monotonic() + 10
@@ -421,7 +431,7 @@ def kill_harness_mid_run(tmp_path: Path, base: Path, config: Path, source: Path)
             os.kill(pid, signal.SIGKILL)
 
 
-async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
+async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path, fake_engine):
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hi\n"})
     config = tmp_path / "c.json"
@@ -432,7 +442,7 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     }
     config.write_text(json.dumps({"boundedQueries": section}))
     with sweep_base() as base:
-        kill_harness_mid_run(tmp_path, base, config, source)
+        kill_harness_mid_run(tmp_path, base, config, source, fake_engine.docker_host)
         left = sorted(p.name for p in base.iterdir())
         assert len(left) == 2  # the private and the ingress root
         private = next(base / n for n in left if "-private-" in n)
@@ -441,7 +451,9 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
         assert (private / OWNER_RECORD).is_file()
         if os.geteuid() == 0:
             assert mounts_under(base) == [str(private / "work")]
-        status, events = await run_with_fake_broker(config, source, tmp_path, base, ("true",))
+        status, events = await run_with_fake_broker(
+            config, source, tmp_path, base, ("true",), docker_host=fake_engine.docker_host
+        )
         assert mounts_under(base) == []
         assert list(base.iterdir()) == []
     assert status == 0, events
@@ -463,7 +475,7 @@ async def test_next_run_sweeps_the_roots_of_a_sigkilled_harness(tmp_path):
     assert names.index("stale_roots_swept") < names.index("preflight_passed")
 
 
-async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
+async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path, fake_engine):
     from bounded_query.harness.outputs import remove_roots
     from bounded_query.harness.prepare import prepare
     from bounded_query.harness.reporting import load_reported
@@ -487,7 +499,8 @@ async def test_compose_prepare_sweeps_and_marks_its_roots_compose(tmp_path):
             base=base,
             probe_runtime=False,
         )
-        prepared = await prepare(options, loaded, {"PATH": os.environ["PATH"]}, sink)
+        env = {"PATH": os.environ["PATH"], "DOCKER_HOST": fake_engine.docker_host}
+        prepared = await prepare(options, loaded, env, sink)
         assert prepared is not None
         try:
             assert exists(stale) == (False, False)

@@ -10,20 +10,17 @@ Python functions must accept exactly the same strings).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bounded_query import seccomp
-from bounded_query.broker import config as broker_config
 from bounded_query.broker import runner
 from bounded_query.broker.protocol import MAX_SLUG_CHARS, TIMING_BUCKETS_MS, is_valid_slug, policy
 from bounded_query.harness import config as harness_config
-from bounded_query.harness import preflight
 from bounded_query.harness.skill import render_skill
-from bounded_query.sandbox import spec
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
 from jsonschema import Draft202012Validator
@@ -83,22 +80,84 @@ def test_defaults_satisfy_the_schema_and_the_preflight():
     assert TIMING_BUCKETS_MS[-1] == policy.MAX_TIMEOUT_S * 1000 + 60_000
 
 
-def test_every_module_uses_the_policy_objects():
-    """The re-exports are the policy's own objects, not equal copies."""
-    assert harness_config.RUN_BUDGETS is policy.RUN_BUDGETS
-    assert broker_config.BUDGET_BITS is policy.RUN_BUDGETS
-    assert harness_config.DEFAULTS is policy.DEFAULTS
-    assert harness_config.SLUG_RE is policy.SLUG_RE
-    assert runner.parse_memory_limit is policy.parse_memory_limit
-    assert preflight.DEFAULT_IMAGE == policy.DEFAULT_IMAGE
-    assert preflight.MAX_TIMEOUT_S == policy.MAX_TIMEOUT_S
+def test_defaults_flow_from_the_policy():
+    """Where a default is a policy value, the code's default is that value."""
     assert harness_config.BoundedQueriesConfig().timeout == policy.DEFAULT_TIMEOUT_S
     assert runner.RunnerSettings("docker", "0" * 16, "i", 1, 1).docker_host == (
         policy.DEFAULT_DOCKER_HOST
     )
-    assert seccomp.RUNTIMES == {"runc", "runsc"} == set(policy.OCI_RUNTIMES.values())
-    assert spec.RUNTIMES is policy.OCI_RUNTIMES
-    assert (spec.QUERY_UID, spec.QUERY_GID) == (policy.QUERY_UID, policy.QUERY_GID) == (65534,) * 2
+    assert set(policy.OCI_RUNTIMES.values()) == {policy.OCI_RUNC, policy.OCI_RUNSC}
+    assert policy.AGENT_VARIABLES == (policy.ENV_SOCKET, policy.ENV_SKILL, policy.ENV_REPOS)
+
+
+#: The production directories whose modules must not rebind policy names.
+_PRODUCTION = ("broker", "sandbox", "wrapper", "seccomp", "harness")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _policy_rebindings(source: str, module: str) -> list[str]:
+    """Every way ``source`` gives a policy name a second home (see the test below)."""
+    names = set(policy.__all__)
+    tree = ast.parse(source)
+    imported: set[str] = set()
+    found: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("policy"):
+            for alias in node.names:
+                imported.add(alias.asname or alias.name)
+                if alias.asname and alias.asname != alias.name:
+                    found.append(f"{module}: imports {alias.name} as {alias.asname}")
+    for node in tree.body:
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        target_names = [t.id for t in targets if isinstance(t, ast.Name)]
+        value = node.value
+        aliased = (
+            isinstance(value, ast.Attribute)
+            and isinstance(value.value, ast.Name)
+            and value.value.id == "policy"
+        ) or (isinstance(value, ast.Name) and value.id in imported)
+        if "__all__" in target_names and isinstance(value, ast.List | ast.Tuple):
+            exported = {str(e.value) for e in value.elts if isinstance(e, ast.Constant)}
+            found += [f"{module}: re-exports {n}" for n in sorted(exported & imported)]
+        elif aliased:
+            found += [f"{module}: {n} = {ast.unparse(value)}" for n in target_names]
+        elif names & set(target_names):
+            found += [f"{module}: redefines {n}" for n in sorted(names & set(target_names))]
+    return found
+
+
+def test_no_module_rebinds_a_policy_name():
+    """One name per fact: policy values are imported from the policy, by their policy name.
+
+    A module that re-exports a policy name, binds it to a second name
+    (``X = policy.Y``, ``import Y as X``) or defines a name the policy owns
+    gives the fact a second home that can drift or be patched apart.
+    """
+    found: list[str] = []
+    for directory in _PRODUCTION:
+        for path in sorted((_REPO_ROOT / directory).rglob("*.py")):
+            if "example" in path.parts or path.name == "policy.py":
+                continue
+            found += _policy_rebindings(
+                path.read_text(encoding="utf-8"), str(path.relative_to(_REPO_ROOT))
+            )
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from bounded_query.broker.protocol.policy import RUN_BUDGETS\nBUDGET_BITS = RUN_BUDGETS\n",
+        "from bounded_query.broker.protocol import policy\nX = policy.DEFAULT_IMAGE\n",
+        "from .protocol.policy import QUERY_UID as UID\n",
+        "from bounded_query.broker.protocol.policy import LABEL_RUN\n__all__ = ['LABEL_RUN']\n",
+        "RUNTIMES = {'docker': 'runc'}\n",
+    ],
+)
+def test_the_rebinding_check_catches_each_form(source):
+    assert _policy_rebindings(source, "m") != []
 
 
 def test_budgets():
@@ -230,3 +289,15 @@ def test_shell_copies_name_the_policy_values():
     engine = (REPO_ROOT / ".ci" / "provision-engine").read_text(encoding="utf-8")
     oci = policy.OCI_RUNTIMES[policy.RUNTIME_GVISOR]
     assert f'{{"runtimes": {{"{oci}": {{"path": "/usr/bin/{oci}"' in engine
+
+
+def test_audit_categories_are_distinct_and_fit_the_audit_record():
+    """Each category is one policy name; the shipped audit schema accepts every one."""
+    names = [n for n in policy.__all__ if n.startswith("CATEGORY_")]
+    values = [getattr(policy, n) for n in names]
+    assert len(set(values)) == len(values) > 30
+    schema = load(RECORD_SCHEMAS / "bounded-query-audit.v1.schema.json")["properties"]["category"]
+    pattern = re.compile(schema["pattern"])
+    for value in values:
+        assert pattern.fullmatch(value), value
+        assert len(value) <= schema["maxLength"]

@@ -19,9 +19,11 @@ and ``/proc`` counters at 2.5 and 2.0 bits per trial, page cache 2.2).
 
 Residual on runc: the kernel-wide pipe/socket inode counter (pseudo file
 systems number inodes from one global counter; nothing in a container can
-reset it). There the test asserts the channel policy instead: a run mixing
-public and metered repositories on runc is refused unless the operator
-accepts it degraded (harness/channel_policy.py).
+reset it). There the test asserts the channel policy instead: a run in which
+more than one repository runs queries (here public and confidential) is
+refused on runc unless the operator accepts it degraded
+(harness/channel_policy.py; the attack between two metered repositories is
+tests/sandbox/test_budget_channel_engine.py).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def test_channel_is_at_chance_or_refused_by_policy(measured, channel):
     if runtime == "docker" and channel in RUNC_RESIDUAL:
         # residual on runc: the policy refuses the run that could exploit it
         refused = channel_decision(
-            "docker", ("public", "confidential"), isolated_storage=True, allow_mixed=False
+            "docker", ("public", "confidential"), isolated_storage=True, allow_open=False
         )
         assert refused.problem is not None
         assert "inode" in refused.problem.message

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from bounded_query.broker.runner import LABEL_INVOCATION, LABEL_RUN, RunnerSettings
+from bounded_query.broker.protocol.policy import LABEL_INVOCATION, LABEL_ROLE, LABEL_RUN
+from bounded_query.broker.runner import RunnerSettings
 from bounded_query.sandbox.overlay import (
-    LABEL_ROLE,
     PREP_COMMAND,
     invocation_volume,
     overlay_safe,

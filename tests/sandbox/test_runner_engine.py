@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from bounded_query.broker.protocol import policy
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
 from bounded_query.sandbox import DockerRunner, RunOptions, create_runner, sbx_capability_report
 
@@ -149,7 +150,6 @@ async def test_preflight_refuses_missing_image(engine):
 
 
 async def test_preflight_refuses_unregistered_runtime(engine, monkeypatch):
-    import bounded_query.sandbox.spec as sandbox_spec
 
     cfg = settings("gvisor")
     runner = DockerRunner(cfg)
@@ -157,7 +157,7 @@ async def test_preflight_refuses_unregistered_runtime(engine, monkeypatch):
     with pytest.raises(RunnerUnavailable, match="not registered"):
         await runner.preflight()
     runner.close()
-    assert sandbox_spec.RUNTIMES["gvisor"] == "runsc"  # no fallback table was touched
+    assert policy.OCI_RUNTIMES["gvisor"] == "runsc"  # no fallback table was touched
 
 
 async def test_preflight_unreachable_engine():

@@ -44,6 +44,8 @@ class FakeAPI:
         self.answer: bytes | None = None
         self.seen: dict[str, object] = {}
         self.pin_logs = b"awf-pinned 4539 181403648\n"
+        #: container name -> id (the pin is looked up by name)
+        self.names: dict[str, str] = {}
 
     # containers
     def create_container_from_config(self, body, name):
@@ -53,6 +55,8 @@ class FakeAPI:
         cid = f"c{len(self.calls)}"
         self.containers_alive.add(cid)
         self.last_body = body
+        if name is not None:
+            self.names[name] = cid
         return {"Id": cid}
 
     def start(self, cid):
@@ -78,6 +82,10 @@ class FakeAPI:
         return {"StatusCode": self.prep_exit if is_prep else self.exit_code}
 
     def inspect_container(self, cid):
+        if cid in self.names:  # by name: the pin, running while it exists
+            if self.names[cid] not in self.containers_alive:
+                raise docker.errors.NotFound("gone")
+            return {"State": {"OOMKilled": False, "Running": True}}
         return {"State": {"OOMKilled": self.oom, "Running": self.running}}
 
     def remove_container(self, cid, v=False, force=False):
@@ -390,3 +398,56 @@ async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, monkeypatch):
     (missing,) = runner.degradations()
     assert missing.subsystem == "page-cache pin"
     assert "cross-invocation channel" in missing.reason
+
+
+async def test_a_pin_that_dies_is_noticed_before_the_next_query_and_by_watch(tmp_path):
+    """Removed from outside mid-run: no query container starts any more, and watch returns."""
+    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    await runner.warm([])
+    assert runner.page_cache_pinned is True
+    assert (await runner.run(invocation(tmp_path))).failure is None
+    api.containers_alive.discard(api.names[runner.pin_name])  # `docker rm -f` by someone else
+    creates = [c for c in api.calls if c[0] == "create"]
+    report = await runner.run(invocation(tmp_path, "4567cdef"))
+    assert report.failure == "runner-internal"
+    assert [c for c in api.calls if c[0] == "create"] == creates, "no query container started"
+    with trio.fail_after(1):
+        lost = await runner.watch()
+    assert lost.subsystem == "page-cache pin"
+    assert "stopped during the run" in lost.reason
+    assert runner.degradations() == (lost,)
+
+
+async def test_watch_polls_the_pin_between_queries(tmp_path, autojump_clock):
+    from bounded_query.sandbox.docker_runner import PIN_WATCH_S
+
+    runner, api = make(options=RunOptions(materialize="tmpfs"))
+
+    async def inline(fn, *args, **kwargs):  # no worker thread: the mock clock stays exact
+        return fn(*args, **kwargs)
+
+    runner._call = inline
+    await runner.warm([])
+    async with trio.open_nursery() as nursery:
+        found: list[object] = []
+
+        async def watch() -> None:
+            found.append(await runner.watch())
+
+        nursery.start_soon(watch)
+        await trio.sleep(10 * PIN_WATCH_S)
+        assert found == [], "a running pin is no loss"
+        api.containers_alive.discard(api.names[runner.pin_name])
+        await trio.sleep(PIN_WATCH_S * 1.5)
+        assert len(found) == 1
+    assert runner.page_cache_pinned is False
+
+
+async def test_a_pin_that_never_started_is_no_loss_for_watch(tmp_path, autojump_clock):
+    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    api.fail_create = True
+    await runner.warm([])
+    assert runner.page_cache_pinned is False
+    with trio.move_on_after(60) as scope:
+        await runner.watch()
+    assert scope.cancelled_caught

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from bounded_query.broker.runner import LABEL_INVOCATION, LABEL_RUN, Invocation, RunnerSettings
+from bounded_query.broker.protocol.policy import LABEL_INVOCATION, LABEL_RUN
+from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.sandbox import spec as S
 from bounded_query.sandbox.spec import container_spec, probe_spec, translate_host_path
 from bounded_query.seccomp import load_profile, profile_json

@@ -23,7 +23,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.mcp_config import AGENT_VARIABLES, render_mcp_config
+from bounded_query.broker.protocol import policy
+from bounded_query.harness.mcp_config import render_mcp_config
+from bounded_query.wrapper import bounded_query_cli as cli
 
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import BOOLEAN, SKILL_TEXT, server_env, skill_file, wrapper_dir
@@ -86,7 +88,10 @@ def inspector(env, home, era, *args):
     """The Inspector passes the server only a safe default environment: the three
     variables go in with ``-e`` (as a client configuration's ``env`` would)."""
     forwarded = [
-        item for name in AGENT_VARIABLES if name in env for item in ("-e", f"{name}={env[name]}")
+        item
+        for name in policy.AGENT_VARIABLES
+        if name in env
+        for item in ("-e", f"{name}={env[name]}")
     ]
     return run(
         [
@@ -154,6 +159,38 @@ def test_inspector_calls_both_tools_and_reads_the_skill(tmp_path, era):
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["contents"][0]["text"] == SKILL_TEXT
     assert len(broker.requests) == 1
+
+
+@pytest.mark.parametrize("era", ERAS)
+def test_inspector_sends_the_schema_as_an_object(tmp_path, era):
+    """The declared object form (issue 21 item 1) from a Node.js client: the
+    broker receives the object's compact bytes, as the CLI frames that text."""
+    schema = {"type": "enum", "values": ["\u00e9t\u00e9", "hiver"]}
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode()
+    with recorded_server(Reply([http_reply(OK)])) as broker:
+        env, home = agent_env(tmp_path, broker.path)
+        for tool, arguments in (
+            ("bounded_query", {"repo": "octo/alpha", "schema": schema, "script": "print(1)\n"}),
+            ("bounded_query_cost", {"schema": schema}),
+        ):
+            done = inspector(
+                env,
+                home,
+                era,
+                "--method",
+                "tools/call",
+                "--tool-name",
+                tool,
+                "--tool-args-json",
+                json.dumps(arguments),
+            )
+            assert done.returncode == 0, done.stderr
+            content = json.loads(done.stdout)["structuredContent"]
+            if tool == "bounded_query":
+                assert content == json.loads(OK)
+            else:
+                assert (content["valid"], content["schemaBytes"]) == (True, len(text))
+    assert broker.requests == [cli.build_request("octo/alpha", text, b"print(1)\n")]
 
 
 # ---------------------------------------------------------------------------
@@ -235,6 +272,6 @@ def test_copilot_and_codex_accept_their_snippets(tmp_path, name, config):
     text = shown.stdout + shown.stderr
     assert shown.returncode == 0, text
     assert "bounded-query-mcp" in text
-    for variable in AGENT_VARIABLES:
+    for variable in policy.AGENT_VARIABLES:
         assert variable in text
     assert "stdio" in text or "local" in text

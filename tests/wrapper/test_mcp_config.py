@@ -7,15 +7,15 @@ import json
 import tomllib
 
 import pytest
+from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.mcp_config import (
-    AGENT_VARIABLES,
     CLIENTS,
     render_mcp_config,
     server_env,
 )
 
-REFERENCES = {name: "${" + name + "}" for name in AGENT_VARIABLES}
+REFERENCES = {name: "${" + name + "}" for name in policy.AGENT_VARIABLES}
 
 
 def parsed(client: str, **kwargs) -> dict:
@@ -38,7 +38,11 @@ def test_json_clients_forward_the_three_variables_by_reference(client):
 
 def test_codex_forwards_the_variables_with_env_vars():
     server = parsed("codex")
-    assert server == {"command": "bounded-query-mcp", "args": [], "env_vars": list(AGENT_VARIABLES)}
+    assert server == {
+        "command": "bounded-query-mcp",
+        "args": [],
+        "env_vars": list(policy.AGENT_VARIABLES),
+    }
 
 
 WEIRD = 'C:\\a "b"\t\u00e9\U0001f600\x7f\x01/run'

@@ -75,7 +75,9 @@ status, rest, err = legacy.close()
 report["legacy_exit"] = [status, rest.decode(), err.decode()]
 modern = Server()
 report["discover"] = modern.ask("server/discover", {"_meta": META})
-report["modern"] = modern.ask("tools/call", {"name": "bounded_query", "arguments": question,
+# The stateless era sends the schema as an object (the declared form).
+as_object = dict(question, schema=json.loads(question["schema"]))
+report["modern"] = modern.ask("tools/call", {"name": "bounded_query", "arguments": as_object,
                                              "_meta": META})
 status, rest, err = modern.close()
 report["modern_exit"] = [status, rest.decode(), err.decode()]
@@ -146,7 +148,8 @@ async def test_mcp_tool_call_reaches_the_real_broker_and_is_charged(engine):
     assert report["cost"]["result"]["structuredContent"]["chargeBits"] == charge == 9
     skill = report["skill"]["result"]["contents"][0]["text"]
     assert "octo/alpha" in skill
-    # The ledger: both questions, and only they, were charged.
+    # The ledger: both questions (schema as text, then as an object: the same
+    # charge), and only they, were charged.
     usage = next(e for e in events if e["event"] == "repo_usage")
     assert usage["spent"] == 2 * charge
     assert usage["invocations"] == 2

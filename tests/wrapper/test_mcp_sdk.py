@@ -103,3 +103,36 @@ async def test_sdk_sees_the_canonical_error_and_invalid_cost(tmp_path, mode):
             assert cost.structured_content["valid"] is False
             assert "error" in cost.structured_content
         assert len(broker.requests) == 1
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_sdk_sends_the_schema_as_an_object(tmp_path, mode):
+    """The declared form (issue 21 item 1): the SDK passes the object through, the
+    server sends its compact UTF-8 bytes, byte-identical to the CLI's request for
+    that text; the cost tool judges it as it judges the text."""
+    schema = {
+        "type": "object",
+        "fields": {"ok": {"type": "boolean"}, "n": {"type": "enum", "values": ["\u00e9", "b"]}},
+    }
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode()
+    with recorded_server(Reply([http_reply(OK)])) as broker:
+        async with Client(params(tmp_path, broker.path), mode=mode) as client:
+            listed = await client.list_tools()
+            for tool in listed.tools:
+                branches = tool.input_schema["properties"]["schema"]["anyOf"]
+                assert [branch["type"] for branch in branches] == ["object", "string"]
+            answer = await client.call_tool(
+                "bounded_query", {"repo": "octo/alpha", "schema": schema, "script": SCRIPT}
+            )
+            assert not answer.is_error
+            assert answer.structured_content == json.loads(OK)
+            as_object = await client.call_tool("bounded_query_cost", {"schema": schema})
+            as_text = await client.call_tool("bounded_query_cost", {"schema": text.decode()})
+            assert as_object.structured_content == as_text.structured_content
+            assert as_object.structured_content["valid"] is True
+            assert as_object.structured_content["schemaBytes"] == len(text)
+            charge = protocol.charge(protocol.parse_schema(schema))
+            assert as_object.structured_content["chargeBits"] == charge
+            bad = await client.call_tool("bounded_query_cost", {"schema": {"type": "nope"}})
+            assert bad.structured_content["valid"] is False
+    assert broker.requests == [cli.build_request("octo/alpha", text, SCRIPT.encode())]

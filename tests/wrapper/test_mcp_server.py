@@ -236,7 +236,8 @@ HOSTILE = [
     (b"{" * 50_000, -32700, None),
     (b"[" * 200_000 + b"]" * 200_000, -32700, None),
     (b'{"jsonrpc":"2.0","id":1,"method":"ping","x":NaN}', -32700, None),
-    (b'{"jsonrpc":"2.0","id":' + b"9" * 5000 + b',"method":"ping"}', -32700, None),
+    # A number token too long to be an integer id (kept as text, never int()-ed).
+    (b'{"jsonrpc":"2.0","id":' + b"9" * 5000 + b',"method":"ping"}', -32600, None),
     (b"[]", -32600, None),
     (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', -32600, None),
     (b"1", -32600, None),
@@ -272,10 +273,13 @@ ARGS_CASES: list[tuple[Any, object]] = [
     ("bounded_query", {**QUESTION, "script": ""}),
     ("bounded_query", {**QUESTION, "script": "x" * (64 * 1024 + 1)}),
     ("bounded_query", {**QUESTION, "schema": "x" * 4097}),
-    ("bounded_query", {**QUESTION, "schema": {"type": "boolean"}}),
+    ("bounded_query", {**QUESTION, "schema": ["type", "boolean"]}),
+    ("bounded_query", {**QUESTION, "schema": None}),
     ("bounded_query", {**QUESTION, "script": ["print(1)"]}),
     ("bounded_query_cost", {"schema": BOOLEAN, "repo": "octo/alpha"}),
     ("bounded_query_cost", {"schema": 1}),
+    ("bounded_query_cost", {"schema": True}),
+    ("bounded_query_cost", {"schema": ""}),
     ("bounded_query_cost", {"schema": "\ud800"}),
     ("bounded_query_cost", {}),
     ("no_such_tool", {}),
@@ -590,6 +594,8 @@ def test_runs_on_a_real_python_3_8(tmp_path):
         assert got["result"]["structuredContent"] == {"status": "ok", "result": True}
         cost = server.ask(call(3, "bounded_query_cost", {"schema": BOOLEAN}))
         assert cost["result"]["structuredContent"]["chargeBits"] == 5
+        as_object = server.ask(call(5, "bounded_query_cost", {"schema": json.loads(BOOLEAN)}))
+        assert as_object["result"] == cost["result"]
         assert server.ask(request(4, "ping"))["result"] == {}
         _, stderr, status = server.close()
     assert (stderr, status) == (b"", 0)
