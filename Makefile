@@ -67,6 +67,7 @@ bench: images
 	$(PYTHON) tests/bench/bench_agent_start.py
 	$(PYTHON) tests/bench/bench_channels.py
 	$(PYTHON) tests/bench/bench_contention.py
+	$(PYTHON) tests/bench/bench_apiproxy.py
 	$(PYTHON) tests/bench/bench_realistic.py
 	$(PYTHON) tests/bench/bench_enclave.py
 	$(PYTHON) -m tests.wrapper.bench_mcp 100

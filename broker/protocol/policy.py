@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 __all__ = [
+    "AGENT_ENGINES",
     "AGENT_VARIABLES",
     "CATEGORY_AUDIT_TRUNCATED",
     "CATEGORY_BROKER_INTERNAL",
@@ -68,6 +69,8 @@ __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_INTERPRETER",
     "DEFAULT_MAX_INVOCATIONS",
+    "DEFAULT_MAX_MODEL_REQUESTS",
+    "DEFAULT_MAX_MODEL_TOKENS",
     "DEFAULT_MEMORY_LIMIT",
     "DEFAULT_RUNTIME",
     "DEFAULT_TIMEOUT_S",
@@ -95,6 +98,8 @@ __all__ = [
     "MAX_INVOCATIONS",
     "MAX_MEMORY_BYTES",
     "MAX_MEMORY_DIGITS",
+    "MAX_MODEL_REQUESTS",
+    "MAX_MODEL_TOKENS",
     "MAX_PRIVATE_REPOS",
     "MAX_TIMEOUT_S",
     "MEMORY_LIMIT_PATTERN",
@@ -102,6 +107,8 @@ __all__ = [
     "METERED_BUDGETS",
     "MIN_INVOCATIONS",
     "MIN_MEMORY_BYTES",
+    "MIN_MODEL_REQUESTS",
+    "MIN_MODEL_TOKENS",
     "MIN_TIMEOUT_S",
     "OCI_RUNC",
     "OCI_RUNSC",
@@ -242,6 +249,22 @@ LABEL_OWNER = "bounded-query.owner"
 #: (16 random bytes). The broker's configuration and the harness's owner
 #: record refuse anything else, so it is always a safe label filter.
 RUN_ID_PATTERN = r"[0-9a-f]{16,64}"
+
+# --- 15.2 bounded agents: the engines and the model bounds the API proxy enforces ----
+
+#: The coding-agent engines spec 15.2 names, in the spec's order.
+AGENT_ENGINES: tuple[str, ...] = ("copilot", "claude", "codex", "gemini")
+#: ``maxModelRequests``: model requests forwarded per invocation (spec 15.2,
+#: 1-64, default 8). The API proxy counts them for every engine, so the
+#: spec's "legacy" bound is real for copilot too (docs/architecture.md decision 10).
+MIN_MODEL_REQUESTS = 1
+MAX_MODEL_REQUESTS = 64
+DEFAULT_MAX_MODEL_REQUESTS = 8
+#: ``maxModelTokens``: the completion-token cap per model request (spec 15.2,
+#: 1-32768, default 1024); the API proxy clamps each request's field to it.
+MIN_MODEL_TOKENS = 1
+MAX_MODEL_TOKENS = 32768
+DEFAULT_MAX_MODEL_TOKENS = 1024
 
 # --- 14.8 the agent's environment -----------------------------------------------------
 

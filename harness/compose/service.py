@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,9 +94,9 @@ def _pip(*args: str) -> None:
         raise ComposeError(f"pip {args[0]} failed: {done.stderr.strip()[-800:]}")
 
 
-def _pins() -> list[str]:
+def _pins(requirements: Sequence[str] = BROKER_REQUIREMENTS) -> list[str]:
     pins = []
-    for name in (*BROKER_REQUIREMENTS, "pip"):
+    for name in (*requirements, "pip"):
         try:
             pins.append(f"{name}=={importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
@@ -104,9 +104,14 @@ def _pins() -> list[str]:
     return pins
 
 
-def prepare_wheels(cache: Path = WHEEL_CACHE) -> Path:
-    """Download the broker's wheels (cp311, manylinux x86_64) into ``cache`` once."""
-    pins = _pins()
+def prepare_wheels(
+    cache: Path = WHEEL_CACHE, requirements: Sequence[str] = BROKER_REQUIREMENTS
+) -> Path:
+    """Download the wheels of ``requirements`` (cp311, manylinux x86_64) into ``cache`` once.
+
+    The broker image's by default; the API proxy image passes its own.
+    """
+    pins = _pins(requirements)
     stamp = cache / ("." + hashlib.sha256("\n".join(pins).encode()).hexdigest()[:16])
     if stamp.exists() and _has_pinned_wheels(cache, pins):
         return cache
