@@ -23,7 +23,12 @@ lane, in this order:
    file (O_NOFOLLOW, regular, size cap), check it strictly against the
    schema, remove the workspace, journal the outcome (unsynced: it
    authorizes nothing, and a lost outcome replays as ``interrupted``);
-7. **wait for the timing bucket** measured from lane entry, then answer.
+7. **wait for the timing bucket** measured from lane entry, then answer;
+8. after a launched invocation's answer left and the lane is free, the
+   **idle hook** (:meth:`Service.prepare_next`) lets the runner prepare
+   that repository's next container (issue 20), so its start is off the
+   next answer's path; it starts at the answer's boundary, whatever the
+   query did.
 
 Timing policy: *every* answer produced by the lane -- launched invocations
 and rejections alike -- leaves at a bucket boundary measured from the moment
@@ -109,6 +114,7 @@ still served).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -117,6 +123,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 from bounded_query.broker.accounts import Accounts, CapReached, ThreadRunner
@@ -165,6 +172,8 @@ class Decision:
     repo: str | None = None
     #: The schema's root type, once the frame parsed (audit only).
     kind: str | None = None
+    #: The seed a launched invocation ran on (for the idle hook); None otherwise.
+    launched_seed: Path | None = None
 
 
 def _rejected(reject: Reject) -> Decision:
@@ -386,9 +395,11 @@ class Service:
             if not queued.cancelled_caught:
                 if self.halted_at is None:
                     try:
-                        await self._serve_in_lane(request, send)
+                        decision = await self._serve_in_lane(request, send)
                     finally:
                         self._lane.release()
+                    if decision.launched_seed is not None:
+                        await self.prepare_next(decision.launched_seed)
                     return
                 # Handed the lane just as the run halted: give it back.
                 self._lane.release()
@@ -410,7 +421,26 @@ class Service:
         line = {"event": "broker-halted", "reason": "timing-bucket-overflow"}
         print(json.dumps(line, sort_keys=True), file=sys.stderr, flush=True)
 
-    async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
+    async def prepare_next(self, seed_dir: Path) -> None:
+        """The idle hook: let the runner prepare the seed's next invocation (issue 20).
+
+        Called after an answer of that seed has left and the lane is free
+        (and at start-up for every seed that can run), never while a request
+        waits for it and never after a halt or during shutdown, so the
+        preparation starts at a moment the agent already knows (the answer's
+        boundary) whatever the query did. The runner serializes it with
+        later requests itself (a request waits for a preparation under way).
+        """
+        if self.halted_at is not None or not self.accepting or self.broken:
+            return
+        try:
+            await self.runner.prepare(seed_dir, self.config.work_root)
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # a runner bug: the next query takes the cold path
+            report_bug(exc)
+
+    async def _serve_in_lane(self, request: RawRequest, send: Sender) -> Decision:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
         gate = self._gate = trio.Event()
         for watcher in self._gate_watchers:
@@ -446,9 +476,11 @@ class Service:
                 self.last_timing = (start, processed, None)
         finally:
             gate.set()
+        if answered:
+            decision = dataclasses.replace(decision, launched_seed=None)  # halted
         if not decision.counted:
             await self.tally(category)
-            return
+            return decision
         await self.audit(
             AuditRecord(
                 invocation_id=invocation_id,
@@ -462,6 +494,7 @@ class Service:
                 kind=decision.kind,
             )
         )
+        return decision
 
     async def _overflow_watchdog(
         self, scope: trio.CancelScope, at: float, send: Sender, answered: list[bool]
@@ -525,6 +558,7 @@ class Service:
             admitted.charge,
             repo=entry.repo,
             kind=admitted.kind,
+            launched_seed=self.config.seeds_root / entry.seed_id,
         )
 
     async def _run(self, invocation_id: str, admitted: Admit) -> Classified:
