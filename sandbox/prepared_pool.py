@@ -2,15 +2,16 @@
 
 Theory of operation (spec 14.7; the slot life cycle is the table of
 :mod:`.prepared`): a trivial query's time is mostly container start. So,
-after an answer has left (the lane's idle hook, :meth:`PreparedPool.prepare`)
-and at broker start-up, the runner prepares the *next* invocation's
-container of that repository: a fresh slot workspace of its own (its own
-tmpfs, ``sandbox/storage.py``, with the result file and the overlay's upper
-and work directories), the per-invocation copy-on-write overlay volume, and
-the container itself, created and started with the launcher of
-``sandbox/launcher.py`` blocked on stdin. A request takes its repository's
-ready container (:meth:`PreparedPool.run`), attaches to its stdin and sends
-the script, waits for the exit and destroys container, volume and slot
+after an answer has left (the lane's idle hook,
+:meth:`PreparedPool.prepare`) and at broker start-up, the runner prepares
+the *next* invocation's container of that repository: a fresh slot workspace
+of its own (its own tmpfs, ``sandbox/storage.py``, with the result file and
+the overlay's upper and work directories), the per-invocation copy-on-write
+overlay volume, and the container itself, created and started with the
+launcher of ``sandbox/launcher.py`` blocked on stdin, to which the runner
+attaches. A request takes its repository's ready container
+(:meth:`PreparedPool.run`), sends the script on the attached stdin and
+closes it, waits for the exit and destroys container, volume and slot
 storage exactly like a cold run, before the broker picks the bucket; the
 answer is moved into the invocation's workspace. A container serves exactly
 one invocation and nothing of an earlier one is in it: everything it holds
@@ -156,22 +157,21 @@ def release_slot_workspace(workspace: Path, isolated: bool, answer_to: Path | No
     return True
 
 
-def _deliver(api: Any, container_id: str, script: bytes) -> Any:
-    """Attach to the container's stdin, send the script, close our side; return the socket.
+def _attach(api: Any, container_id: str) -> Any:
+    """Attach to the container's stdin (at preparation: off the answer's path)."""
+    return api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
 
-    The socket stays open until the container exited (the caller closes it):
-    closing a hijacked connection early could cut data dockerd has not
-    copied yet.
+
+def _deliver(attached: Any, script: bytes) -> None:
+    """Send the script on the attached stdin and close our sending side (EOF).
+
+    The connection itself stays open until the container exited (the
+    caller closes it): closing a hijacked connection early could cut data
+    dockerd has not copied yet.
     """
-    attached = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
-    try:
-        raw = _raw_socket(attached)
-        raw.sendall(script)
-        raw.shutdown(socket.SHUT_WR)
-    except BaseException:
-        _close_attached(attached)
-        raise
-    return attached
+    raw = _raw_socket(attached)
+    raw.sendall(script)
+    raw.shutdown(socket.SHUT_WR)
 
 
 def _raw_socket(attached: Any) -> Any:
@@ -196,6 +196,8 @@ class _Slot:
     isolated: bool = False
     volume: str | None = None
     container_id: str | None = None
+    #: The SDK's hijacked connection to the container's stdin (attached at preparation).
+    attached: Any = None
     #: Seconds of each preparation step (``storage``, ``volume``, ``create``, ``start``).
     phases: dict[str, float] = field(default_factory=dict)
     #: Set when the preparation ended (ready or failed).
@@ -258,19 +260,26 @@ class PreparedPool:
         view = await runner._ensure_view(seed_host)
         if view is None:
             return  # no copy-on-write view: this seed runs cold (tmpfs copy)
-        current = self._slots.get(seed_host)
-        if current is not None and current.state not in (SlotState.EMPTY, SlotState.FAILED):
-            return
-        if self.queries_running:
-            # A request took the lane meanwhile: never prepare during a query
-            # (module docstring); that seed's next query prepares on demand.
+        if not self._may_prepare(seed_host):
             return
         states = {key: slot.state for key, slot in self._slots.items()}
         states[seed_host] = SlotState.PREPARING
         order = [key for key in self._recency if key != seed_host] + [seed_host]
         for key in evictions(order, states, self.limit):
             await self._discard(key)
-        await self._prepare(seed_host, view, work_root)
+        if self._may_prepare(seed_host):  # again: a request may have come meanwhile
+            await self._prepare(seed_host, view, work_root)
+
+    def _may_prepare(self, seed_host: str) -> bool:
+        """No container ready or on its way for the seed, and no query running.
+
+        A request that took the lane meanwhile wins: never prepare during a
+        query (module docstring); that seed's next query prepares on demand.
+        """
+        current = self._slots.get(seed_host)
+        if current is not None and current.state not in (SlotState.EMPTY, SlotState.FAILED):
+            return False
+        return not self.queries_running
 
     async def _prepare(self, seed_host: str, view: str, work_root: Path) -> _Slot:
         """Register a new slot for ``seed_host`` and prepare it (READY or FAILED)."""
@@ -340,6 +349,8 @@ class PreparedPool:
         slot.container_id = str(created["Id"])
         with clock("start"):
             await runner._call(runner.api.start, slot.container_id)
+        with clock("attach"):
+            slot.attached = await runner._call(_attach, runner.api, slot.container_id)
 
     # -- running -----------------------------------------------------------
 
@@ -364,23 +375,18 @@ class PreparedPool:
         slot.move(SlotEvent.TAKE)
         runner.isolated_storage = slot.isolated
         failure: str | None = None
-        attached: Any = None
         try:
             assert slot.container_id is not None
-            container_id = slot.container_id
+            assert slot.attached is not None
             try:
                 with clock("deliver"):
-                    attached = await runner._call(
-                        _deliver, runner.api, container_id, invocation.script
-                    )
+                    await runner._call(_deliver, slot.attached, invocation.script)
             except Exception:
                 failure = "query-launch-failed"
             else:
-                failure = await runner._wait(container_id, phases)
+                failure = await runner._wait(slot.container_id, phases)
         finally:
             with trio.CancelScope(shield=True), clock("remove"):
-                if attached is not None:
-                    _close_attached(attached)
                 removed = await self._destroy(slot, answer_to=invocation.workspace)
             slot.move(SlotEvent.FINISH)
             self._forget(seed_host, slot)
@@ -394,6 +400,9 @@ class PreparedPool:
         """Remove the slot's container, volume and workspace; True when all are gone."""
         runner = self._runner
         removed = True
+        if slot.attached is not None:
+            _close_attached(slot.attached)
+            slot.attached = None
         if slot.container_id is not None:
             removed = await runner._remove(slot.container_id)
         else:

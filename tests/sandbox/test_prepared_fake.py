@@ -35,6 +35,8 @@ class FakeAttached:
         self.closed = False
 
     def sendall(self, data: bytes) -> None:
+        if self.api.fail_send:
+            raise BrokenPipeError("the container's stdin is gone")
         self.data += data
 
     def shutdown(self, how: int) -> None:
@@ -51,6 +53,7 @@ class PreparedAPI(FakeAPI):
         self.delivered: dict[str, bytes] = {}
         self.attached: list[FakeAttached] = []
         self.fail_attach = False
+        self.fail_send = False
         self.bodies: dict[str, dict] = {}
         self.fail_create_prepared = False
 
@@ -148,6 +151,8 @@ async def test_a_request_takes_the_prepared_container(tmp_path):
     assert api.delivered == {cid: SCRIPT}
     assert api.attached[0].shut
     assert api.attached[0].closed
+    # attached at preparation, not on the request's path
+    assert api.calls.index(("attach", cid)) < api.calls.index(("wait", cid))
     # no container was created for the request itself
     assert len([c for c in api.calls if c[0] == "create"]) == creates_before
     assert "cold" not in report.phases
@@ -186,7 +191,7 @@ async def test_each_container_serves_exactly_one_invocation(tmp_path):
 async def test_a_failed_delivery_is_a_launch_failure(tmp_path):
     runner, api = prepared_runner()
     await runner.prepare(tmp_path / "seed", work(tmp_path))
-    api.fail_attach = True
+    api.fail_send = True
     inv = request(tmp_path, "0c")
     report = await runner.run(inv)
     assert report.failure == "query-launch-failed"
@@ -216,6 +221,17 @@ async def test_a_failed_preparation_leaves_nothing_and_the_request_fails_closed(
     api.fail_create_prepared = False  # the next idle moment tries again
     await runner.prepare(tmp_path / "seed", work(tmp_path))
     assert runner.prepared.state(tmp_path / "seed") is SlotState.READY
+
+
+async def test_a_failed_attach_fails_the_preparation(tmp_path):
+    runner, api = prepared_runner()
+    api.fail_attach = True
+    await runner.prepare(tmp_path / "seed", work(tmp_path))
+    assert runner.prepared.state(tmp_path / "seed") is SlotState.FAILED
+    assert_nothing_left(runner, api, tmp_path)
+    report = await runner.run(request(tmp_path, "12"))
+    assert report.failure == "query-launch-failed"
+    assert_nothing_left(runner, api, tmp_path)
 
 
 async def test_a_removal_failure_is_cleanup_failed(tmp_path):
