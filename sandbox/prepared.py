@@ -44,12 +44,13 @@ __all__ = [
 ]
 
 #: Prepared containers kept at once (one per repository, the most recently
-#: prepared for). Each holds a blocked launcher process, its runtime's
-#: shim (and under gVisor the sentry and gofer) and two empty mounts:
-#: measured at about 11 MiB per runc and 45 MiB per runsc container on the
-#: project's machine (README, "Prepared containers"), so eight stay well
-#: below the 2 GiB the engine host gives queries, while the configured
-#: repositories of a typical run (one to a few) all keep one.
+#: prepared for). Each holds a blocked launcher process, its runtime's shim
+#: (and under gVisor the sentry and gofer) and its empty mounts: measured on
+#: the project's machine at 5 MiB of cgroup memory plus a 13 MiB shim for
+#: runc, and 19 MiB of cgroup memory with 65 MiB of resident shim, sentry
+#: and gofer for runsc (README, "Prepared containers"). Eight keep every
+#: repository of a typical run (one to a few) prepared for at most about
+#: 150 MiB on runc and 520 MiB on gVisor.
 MAX_PREPARED_SLOTS = 8
 
 
