@@ -347,10 +347,11 @@ class PreparedPool:
                 runner.api.create_container_from_config, spec.body, spec.name
             )
         slot.container_id = str(created["Id"])
-        with clock("start"):
-            await runner._call(runner.api.start, slot.container_id)
+        # attached before the start, as the docker CLI does for `run -i`
         with clock("attach"):
             slot.attached = await runner._call(_attach, runner.api, slot.container_id)
+        with clock("start"):
+            await runner._call(runner.api.start, slot.container_id)
 
     # -- running -----------------------------------------------------------
 

@@ -151,8 +151,8 @@ async def test_a_request_takes_the_prepared_container(tmp_path):
     assert api.delivered == {cid: SCRIPT}
     assert api.attached[0].shut
     assert api.attached[0].closed
-    # attached at preparation, not on the request's path
-    assert api.calls.index(("attach", cid)) < api.calls.index(("wait", cid))
+    # attached at preparation (before the start), not on the request's path
+    assert api.calls.index(("attach", cid)) < api.calls.index(("start", cid))
     # no container was created for the request itself
     assert len([c for c in api.calls if c[0] == "create"]) == creates_before
     assert "cold" not in report.phases
