@@ -18,6 +18,12 @@ separate pass). ``--baseline`` also measures the in-container copy into the
 tmpfs (``RunOptions(materialize="tmpfs")``) for comparison; the SDK-vs-CLI
 comparison runs ``docker run`` with equivalent flags once (tiny, runc).
 
+Modes (issue 20): ``prepared`` (the broker's default: the idle hook
+prepares the next container between questions, outside the timed span; its
+table column "prepared memory" is the prepared containers' cgroup memory),
+``overlay`` (cold: every query starts its own container) and, with
+``--baseline``, ``tmpfs``; the share in the 100 ms bucket is printed too.
+
 A benchmark prints tables; it asserts nothing about timing.
 """
 
