@@ -180,6 +180,20 @@ class Runner(Protocol):
         """
         ...
 
+    async def prepare(self, seed_dir: Path, work_root: Path) -> None:
+        """Prepare this seed's next invocation now, while the lane is idle (issue 20).
+
+        The broker calls it after an answer of that seed has left, and at
+        start-up after :meth:`warm`; only then, so nothing the preparation
+        does depends on how long a query took. ``work_root`` is the broker's
+        workspace root, where the runner may create directories of its own
+        (removed by the broker's start-up and shutdown sweep too). What is
+        prepared must serve exactly one later invocation and hold nothing
+        of an earlier one. May do nothing; never raises for a seed it
+        cannot prepare (its next query then takes the cold path).
+        """
+        ...
+
     def degradations(self) -> tuple[Degradation, ...]:
         """The protections missing right now (after :meth:`warm`); () when none."""
         ...

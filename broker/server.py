@@ -390,6 +390,9 @@ class BrokerServer:
             if entry.sensitivity != policy.SENSITIVITY_SEALED
         ]
         await self.runner.warm(seeds)
+        for seed in seeds:
+            # the first query of each seed finds its container prepared (issue 20)
+            await self.runner.prepare(seed, self.config.work_root)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         """One accepted connection: take a slot of the cap, or refuse it."""

@@ -23,6 +23,13 @@ are serialized"). While a request decides, the refusal gate (``gate.py``)
 holds every other client I/O; refusals are counted after they are answered
 (``refusals.py``).
 
+Why the next container is prepared after the answer: after a launched
+invocation's answer left and the lane is free, the idle hook
+(:meth:`Service.prepare_next`) lets the runner prepare that repository's
+next container, so its start is off the next answer's path; it starts at
+the answer's boundary, a moment the agent already knows, whatever the query
+did.
+
 Why an overflow halts the run (reasoning in ``timing.py``): when processing
 is still running at the last boundary plus the tolerance, a watchdog
 answers the canonical error at that fixed moment instead of the
@@ -48,6 +55,7 @@ the audit lines and the id generator; trio's clock times the lane.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -56,6 +64,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 import trio
@@ -118,6 +127,8 @@ class Decision:
     repo: str | None = None
     #: The schema's root type, once the frame parsed (audit only).
     kind: str | None = None
+    #: The seed a launched invocation ran on (for the idle hook); None otherwise.
+    launched_seed: Path | None = None
 
 
 def _rejected(reject: Reject) -> Decision:
@@ -234,9 +245,11 @@ class Service:
             if not queued.cancelled_caught:
                 if self.halted_at is None:
                     try:
-                        await self._serve_in_lane(request, send)
+                        decision = await self._serve_in_lane(request, send)
                     finally:
                         self._lane.release()
+                    if decision.launched_seed is not None:
+                        await self.prepare_next(decision.launched_seed)
                     return
                 # Handed the lane just as the run halted: give it back.
                 self._lane.release()
@@ -273,7 +286,26 @@ class Service:
             )
         return lost
 
-    async def _serve_in_lane(self, request: RawRequest, send: Sender) -> None:
+    async def prepare_next(self, seed_dir: Path) -> None:
+        """The idle hook: let the runner prepare the seed's next invocation.
+
+        Called after an answer of that seed has left and the lane is free
+        (and at start-up for every seed that can run), never while a request
+        waits for it and never after a halt or during shutdown, so the
+        preparation starts at a moment the agent already knows (the answer's
+        boundary) whatever the query did. The runner serializes it with
+        later requests itself (a request waits for a preparation under way).
+        """
+        if self.halted_at is not None or not self.accepting or self.broken:
+            return
+        try:
+            await self.runner.prepare(seed_dir, self.config.work_root)
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # a runner bug: the next query takes the cold path
+            report_bug(exc)
+
+    async def _serve_in_lane(self, request: RawRequest, send: Sender) -> Decision:
         """One lane pass (the caller holds the lane): decide, bucket, answer, audit."""
         self._step(LaneEvent.ENTER)
         try:
@@ -313,9 +345,11 @@ class Service:
                 await send(body)
             if answered:
                 self.last_timing = (start, processed, None)
+            if answered:
+                decision = dataclasses.replace(decision, launched_seed=None)  # halted
             if not decision.counted:
                 await self.sink.tally(category)
-                return
+                return decision
             await self.sink.record(
                 AuditRecord(
                     invocation_id=invocation_id,
@@ -329,6 +363,7 @@ class Service:
                     kind=decision.kind,
                 )
             )
+            return decision
         finally:
             if not gate_open(self.lane_state):
                 self._step(LaneEvent.ANSWER)  # cancelled or failed before it answered
@@ -394,6 +429,7 @@ class Service:
             admitted.charge,
             repo=entry.repo,
             kind=admitted.kind,
+            launched_seed=self.config.seeds_root / entry.seed_id,
         )
 
     async def _run(self, invocation_id: str, admitted: Admit) -> Classified:

@@ -6,7 +6,11 @@ waited for with the configured wall-clock timeout, and force-removed
 (``force=True, v=True``) whatever happened. The workspace is prepared on the
 host first: the script is written read-only (``script.py``) and the result
 file ``out`` is pre-created and handed to uid 65534, so the container can
-bind both without any host-side copy of the seed.
+bind both without any host-side copy of the seed. By default (issue 20) an
+overlay query instead runs in its seed's *prepared* container, created and
+started while the lane was idle and handed the script on stdin
+(:mod:`.prepared_pool`); this body is then the cold path of ``prepared=False``
+and of the tmpfs fallback.
 
 Every Engine API call is a blocking docker SDK call made in a worker thread
 (``trio.to_thread.run_sync``) so the trio loop never blocks. We use the
@@ -25,8 +29,7 @@ import contextlib
 import errno
 import os
 import secrets
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,6 +59,8 @@ from .overlay import (
     seed_volumes,
 )
 from .pagecache import PIN_READY, pin_container_body
+from .phases import PhaseClock
+from .prepared_pool import PreparedPool
 from .reconcile import remove_container, remove_labelled, remove_volume
 from .spec import SCRIPT_FILE_NAME, container_spec, probe_spec, translate_host_path
 from .storage import mount_tmpfs, tmpfs_quota, unmount
@@ -108,6 +113,10 @@ class RunOptions:
     materialize: str = "overlay"
     #: Keep the image's pages locked in memory for the run (sandbox/pagecache.py).
     pin_page_cache: bool = True
+    #: Run overlay queries in prepared containers (sandbox/prepared_pool.py);
+    #: False runs every query in a container started for it (the image's
+    #: entrypoint, the benchmark's cold baseline).
+    prepared: bool = True
 
     def __post_init__(self) -> None:
         if self.materialize not in MATERIALIZE_MODES:
@@ -248,6 +257,8 @@ class DockerRunner:
         #: set when the pin, once running, was found gone (``watch``)
         self._pin_lost: Degradation | None = None
         self._pin_lost_event = trio.Event()
+        #: prepared containers, one per recently used seed (sandbox/prepared_pool.py)
+        self.prepared = PreparedPool(self)
 
     def _default_client(self) -> Any:
         return engine.api_client(self.settings.docker_host, API_TIMEOUT_S)
@@ -320,8 +331,13 @@ class DockerRunner:
 
     async def run(self, invocation: Invocation) -> RunReport:
         """Run one invocation (contract: :class:`bounded_query.broker.runner.Runner`)."""
+        with self.prepared.query_running():
+            return await self._run_one(invocation)
+
+    async def _run_one(self, invocation: Invocation) -> RunReport:
+        """One invocation: a prepared container, or the cold path below."""
         phases: dict[str, float] = {}
-        clock = _PhaseClock(phases)
+        clock = PhaseClock(phases)
         hmap = self.settings.host_path_map
         seed_host = translate_host_path(str(invocation.seed_dir), hmap)
         view: str | None = None
@@ -333,10 +349,12 @@ class DockerRunner:
             # after queries that could then load or evict image pages. No
             # container starts; ``watch`` makes the broker halt the run.
             self._lose_pin()
-            return RunReport("runner-internal", phases)
+            return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         if self.options.materialize == "overlay":
             with clock("view"):
                 view = await self._ensure_view(seed_host)
+        if view is not None and self.options.prepared:
+            return await self.prepared.run(invocation, view, seed_host, phases)
         isolated = False
         try:
             with clock("storage"):
@@ -363,7 +381,7 @@ class DockerRunner:
         self, invocation: Invocation, view: str | None, seed_host: str, phases: dict[str, float]
     ) -> RunReport:
         """Prepare the (mounted or plain) workspace, run the container, remove it."""
-        clock = _PhaseClock(phases)
+        clock = PhaseClock(phases)
         hmap = self.settings.host_path_map
         try:
             with clock("prepare"):
@@ -426,7 +444,7 @@ class DockerRunner:
 
     async def _wait(self, container_id: str, phases: dict[str, float]) -> str | None:
         """Wait for exit within the timeout; return the failure category or None."""
-        clock = _PhaseClock(phases)
+        clock = PhaseClock(phases)
         result: Any = None
         with clock("wait"):
             with trio.move_on_after(self.settings.timeout_s) as scope:
@@ -537,6 +555,15 @@ class DockerRunner:
             ready[str(seed_dir)] = await self._ensure_view(seed_host) is not None
         return ready
 
+    async def prepare(self, seed_dir: Path, work_root: Path) -> None:
+        """Prepare the seed's next query container now (Runner contract; the idle hook).
+
+        A no-op without prepared containers or a copy-on-write view (tmpfs
+        mode). Never raises for an engine or storage fault.
+        """
+        if self.options.prepared and self.options.materialize == "overlay":
+            await self.prepared.prepare(seed_dir, work_root)
+
     # -- page-cache pin (sandbox/pagecache.py) ------------------------------
 
     async def _ensure_pinned(self) -> bool:
@@ -641,6 +668,8 @@ class DockerRunner:
                     gone = await self._remove_volume(str(volume["Name"]))
                 if not gone:
                     raise RunnerUnavailable(f"cannot remove query volume {volume['Name']}")
+        # the prepared containers and their volumes were among those removed
+        await self.prepared.forget_all()
         return removed
 
     def close(self) -> None:
@@ -673,7 +702,7 @@ class DockerRunner:
         return ()
 
     async def aclose(self) -> None:
-        """Remove the pin container if this runner started one, then :meth:`close`.
+        """Remove the prepared containers and the pin container, then :meth:`close`.
 
         Idempotent, shielded from cancellation, never raises on an engine
         failure (shutdown goes on; the next start's reconcile removes a pin
@@ -681,6 +710,8 @@ class DockerRunner:
         client, and the next ``warm`` or ``run`` pins again.
         """
         with trio.CancelScope(shield=True):
+            with contextlib.suppress(Exception):
+                await self.prepared.aclose()
             pinned, self.page_cache_pinned = self.page_cache_pinned, None
             if pinned:
                 with contextlib.suppress(Exception):
@@ -693,18 +724,3 @@ class DockerRunner:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-class _PhaseClock:
-    """Context managers that add elapsed seconds to ``phases[name]``."""
-
-    def __init__(self, phases: dict[str, float]) -> None:
-        self._phases = phases
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - started

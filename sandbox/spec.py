@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol import MAX_SCRIPT_BYTES, policy
 from bounded_query.broker.protocol.policy import (
     LABEL_INVOCATION,
     LABEL_RUN,
@@ -70,12 +70,14 @@ __all__ = [
     "NOFILE_LIMIT",
     "PIDS_LIMIT",
     "PIDS_LIMIT_GVISOR",
+    "PREPARED_SCRIPT_DIR",
     "READONLY_PATHS",
     "SCRIPT_FILE_NAME",
     "TMP_TMPFS_BYTES",
     "ContainerSpec",
     "container_name",
     "container_spec",
+    "prepared_spec",
     "probe_spec",
     "translate_host_path",
 ]
@@ -101,6 +103,9 @@ SCRIPT_FILE_NAME = "script.py"
 #: The image's fixed entrypoint (sandbox/image/entrypoint.py), restated so a
 #: tampered image ENTRYPOINT cannot change what runs.
 CONTAINER_ENTRYPOINT = ("/usr/bin/python3", "-I", "-S", "/awf/entrypoint.py")
+#: The interpreter a prepared container's launcher runs in (its source
+#: follows ``-c``; see :func:`prepared_spec`).
+LAUNCHER_INTERPRETER = ("/usr/bin/python3", "-I", "-S", "-c")
 #: The complete environment of a query: fixed, minimal, no secrets.
 CONTAINER_ENV = (
     "PATH=/usr/bin:/bin",
@@ -116,6 +121,13 @@ QUERY_TARGET = "/query"
 REPO_TARGET = "/query/repo"
 RESULT_TARGET = f"/query/{RESULT_FILE_NAME}"
 TMP_TARGET = "/tmp"
+#: A prepared container's own tmpfs where its launcher writes the delivered
+#: script, so it is ``/awf/query-script.py`` as in a cold container (it hides
+#: the image's entrypoint, which a prepared container does not run;
+#: ``sandbox/launcher.py`` restates the path: it cannot import us).
+PREPARED_SCRIPT_DIR = "/awf"
+#: Its size: the largest script the protocol admits, rounded up to pages.
+PREPARED_SCRIPT_DIR_BYTES = -(-MAX_SCRIPT_BYTES // 4096) * 4096
 #: Docker's default masked paths (restated: ``MaskedPaths`` replaces them).
 _DOCKER_MASKED = (
     "/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
@@ -313,6 +325,78 @@ def container_spec(
     if keep_logs:
         body["HostConfig"]["LogConfig"] = BENCH_LOG_CONFIG
     return ContainerSpec(container_name(settings.run_id, invocation.invocation_id), body)
+
+
+def prepared_spec(
+    settings: RunnerSettings,
+    slot_id: str,
+    seccomp_json: str,
+    launcher_source: str,
+    *,
+    workspace: str,
+    repo_volume: str,
+    host_cpus: int | None = None,
+) -> ContainerSpec:
+    """Derive the create body of a prepared query container (issue 20).
+
+    The same hardened body as :func:`container_spec` with the overlay at
+    ``/query/repo`` and the result file bound from ``workspace`` (the
+    slot's own storage, broker-visible path), except how the script
+    arrives: there is no script bind (the request does not exist yet).
+    The entrypoint is ``python3 -I -S -c launcher_source MAX_SCRIPT_BYTES``
+    (the broker's own launcher, ``sandbox/launcher.py``), stdin is open for
+    exactly one attach (``StdinOnce``: EOF when the runner closes it) and
+    :data:`PREPARED_SCRIPT_DIR` is a small tmpfs for the delivered script.
+    Every field depends only on the settings, the slot id, the seed's view
+    and the workspace path: nothing of an earlier invocation.
+
+    Raises:
+        KeyError: a runtime that is never launched ("sbx").
+        ValueError: a relative path.
+    """
+    if settings.runtime not in OCI_RUNTIMES:
+        raise KeyError(f"runtime {settings.runtime!r} is never launched")
+    hmap = settings.host_path_map
+    mounts = [
+        {
+            "Type": "volume",
+            "Source": repo_volume,
+            "Target": REPO_TARGET,
+            "ReadOnly": False,
+            "VolumeOptions": {"NoCopy": True},
+        },
+        _bind(
+            translate_host_path(f"{workspace}/{RESULT_FILE_NAME}", hmap),
+            RESULT_TARGET,
+            read_only=False,
+        ),
+    ]
+    host_config = _host_config(settings, seccomp_json, mounts, host_cpus)
+    host_config["Tmpfs"][PREPARED_SCRIPT_DIR] = _tmpfs_options(PREPARED_SCRIPT_DIR_BYTES, "0755")
+    body: dict[str, Any] = {
+        "Image": settings.image,
+        "Entrypoint": [
+            *LAUNCHER_INTERPRETER,
+            launcher_source,
+            str(MAX_SCRIPT_BYTES),
+        ],
+        "Cmd": [],
+        "User": f"{QUERY_UID}:{QUERY_GID}",
+        "WorkingDir": QUERY_TARGET,
+        "Env": list(CONTAINER_ENV),
+        "Hostname": "query",
+        "NetworkDisabled": True,
+        "AttachStdin": False,
+        "AttachStdout": False,
+        "AttachStderr": False,
+        "OpenStdin": True,
+        "StdinOnce": True,
+        "Tty": False,
+        "StopSignal": "SIGKILL",
+        "Labels": {LABEL_RUN: settings.run_id, LABEL_INVOCATION: slot_id},
+        "HostConfig": host_config,
+    }
+    return ContainerSpec(container_name(settings.run_id, slot_id), body)
 
 
 def probe_spec(

@@ -61,7 +61,7 @@ from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.broker.timing import BOUNDARIES_S, choose_boundary
 from bounded_query.broker.workspace import read_result_file, remove_tree
 from bounded_query.harness.staging import seeds as staging
-from bounded_query.sandbox import DockerRunner
+from bounded_query.sandbox import DockerRunner, RunOptions
 from bounded_query.sandbox import docker_runner as docker_runner_module
 from bounded_query.sandbox import spec as spec_module
 
@@ -416,22 +416,29 @@ async def run_broker_once(
 
 
 async def run_broker(
-    runtime: str, seed: Path, work: Path, questions: list[str], trials: int
+    runtime: str, seed: Path, work: Path, questions: list[str], trials: int, cold: bool = False
 ) -> dict[str, tuple[float, str | None, str | None, float]]:
-    """Per question: (median seconds, last answer, a failure, one-off first query)."""
+    """Per question: (median seconds, last answer, a failure, one-off first query).
+
+    As the broker does, the seed's next container is prepared after each
+    answer and at start-up (issue 20; outside the timed span), unless
+    ``cold``: then every query starts its own container.
+    """
     cfg = RunnerSettings(runtime, secrets.token_hex(16), IMAGE, TIMEOUT_S, MEMORY)
-    runner = DockerRunner(cfg)
+    runner = DockerRunner(cfg, options=RunOptions(prepared=not cold))
     results = {}
     try:
         await runner.reconcile()
         warm_started = time.perf_counter()
         await runner.warm([seed])
+        await runner.prepare(seed, work)
         print(f"# {runtime}: warm {time.perf_counter() - warm_started:.1f} s", file=sys.stderr)
         for question in questions:
             times, answer, failure = [], None, None
             first = 0.0
             for i in range(trials):
                 elapsed, got, failed = await run_broker_once(runner, seed, work, question)
+                await runner.prepare(seed, work)  # the broker's idle hook
                 times.append(elapsed)
                 answer, failure = got, failure or failed
                 first = first or elapsed
@@ -477,6 +484,11 @@ def main(argv: list[str]) -> int:
         "to compare runsc flags; the seccomp variant stays RUNTIME's)",
     )
     parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="no prepared containers: every query starts its own (the pre-issue-20 path)",
+    )
+    parser.add_argument(
         "--show", type=Path, nargs="+", help="print one table from earlier --json files (no run)"
     )
     args = parser.parse_args(argv)
@@ -503,7 +515,9 @@ def main(argv: list[str]) -> int:
         work = Path(tempfile.mkdtemp(prefix="bq-bench-work-"))
         try:
             for runtime in runtimes:
-                broker[runtime] = trio.run(run_broker, runtime, seed, work, questions, args.trials)
+                broker[runtime] = trio.run(
+                    run_broker, runtime, seed, work, questions, args.trials, args.cold
+                )
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for q in questions:

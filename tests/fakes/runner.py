@@ -38,6 +38,8 @@ class ScriptedRunner:
     reconciled: int = 0
     preflights: int = 0
     closed: int = 0
+    #: Seeds the idle hook asked to prepare, in order.
+    prepared: list[Path] = field(default_factory=list)
     #: What :meth:`degradations` reports (tests set it).
     degraded: tuple[Degradation, ...] = ()
     #: Set by :meth:`lose`: what :meth:`watch` returns.
@@ -70,6 +72,10 @@ class ScriptedRunner:
     async def warm(self, seed_dirs: Iterable[Path]) -> dict[str, bool]:
         del seed_dirs  # nothing to prepare
         return {}
+
+    async def prepare(self, seed_dir: Path, work_root: Path) -> None:
+        del work_root  # nothing is created there
+        self.prepared.append(seed_dir)
 
     async def run(self, invocation: Invocation) -> RunReport:
         self.calls.append(invocation)
@@ -138,6 +144,9 @@ class ProcessRunner:
     async def warm(self, seed_dirs: Iterable[Path]) -> dict[str, bool]:
         del seed_dirs  # nothing to prepare
         return {}
+
+    async def prepare(self, seed_dir: Path, work_root: Path) -> None:
+        del seed_dir, work_root  # nothing to prepare
 
     async def run(self, invocation: Invocation) -> RunReport:
         script = invocation.workspace / ".query-script.py"

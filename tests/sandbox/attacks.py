@@ -125,8 +125,9 @@ for path in ("/etc/shadow", "/proc/kcore", "/sys/kernel/security", "/proc/sys/ke
         found = found or path in ("/etc/shadow", "/proc/kcore")
     except OSError:
         pass
-expected = {"/", "/awf/seed", "/awf/query-script.py", "/query", "/query/repo", "/query/out", "/tmp",
-            "/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
+# /awf: a prepared container's own script tmpfs (issue 20) instead of the two binds
+expected = {"/", "/awf", "/awf/seed", "/awf/query-script.py", "/query", "/query/repo", "/query/out",
+            "/tmp", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf"}
 try:
     for line in open("/proc/self/mountinfo"):
         target = line.split()[4]
@@ -134,7 +135,9 @@ try:
             found = True
 except OSError:
     pass
-answer(found or sorted(os.listdir("/awf")) != ["entrypoint.py", "query-script.py", "seed"])
+# cold: the image's entrypoint and the two binds; prepared: the script alone
+awf = sorted(os.listdir("/awf"))
+answer(found or awf not in (["entrypoint.py", "query-script.py", "seed"], ["query-script.py"]))
 """,
     ),
     _a(
@@ -142,11 +145,24 @@ answer(found or sorted(os.listdir("/awf")) != ["entrypoint.py", "query-script.py
         "false",
         """
 wrote = False
-for path in ("/etc/x", "/usr/x", "/x", "/awf/x", "/awf/seed/x", "/var/tmp/x", "/root/x",
-             "/awf/seed/README.md", "/awf/query-script.py", "/awf/entrypoint.py", "/etc/passwd"):
+# A prepared container's /awf is its own small tmpfs (issue 20): writable
+# there, like /tmp, but size-capped; anywhere else on the root, never.
+prepared = any(line.split()[4] == "/awf" for line in open("/proc/self/mountinfo"))
+outside = ["/etc/x", "/usr/x", "/x", "/awf/seed/x", "/var/tmp/x", "/root/x",
+           "/awf/seed/README.md", "/etc/passwd"]
+if not prepared:
+    outside += ["/awf/x", "/awf/query-script.py", "/awf/entrypoint.py"]
+for path in outside:
     try:
         with open(path, "a") as fh:
             fh.write("x")
+        wrote = True
+    except OSError:
+        pass
+if prepared:
+    try:
+        with open("/awf/fill", "wb") as fh:  # past its 64 KiB cap: ENOSPC
+            fh.write(b"x" * (1 << 20))
         wrote = True
     except OSError:
         pass

@@ -24,6 +24,7 @@ would choose it; nothing else differs between trials.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,17 @@ open("/query/out", "w").write("{}")
 DECODER = r"""
 import json, os, socket, time
 obs = {}
+# When the container was prepared (issue 20), read before this script
+# touches anything: the launcher's start against the boot clock, and the
+# mount time of the untouched /dev/shm tmpfs and of the result file.
+try:
+    _stat = open("/proc/1/stat").read().rsplit(")", 1)[1].split()
+    _start = int(_stat[19]) / os.sysconf("SC_CLK_TCK")
+    obs["age_pid1"] = time.clock_gettime(time.CLOCK_BOOTTIME) - _start
+except (OSError, ValueError, IndexError):
+    obs["age_pid1"] = -1.0
+obs["age_shm"] = (time.time_ns() - os.stat("/dev/shm").st_mtime_ns) / 1e9
+obs["age_out"] = (time.time_ns() - os.stat("/query/out").st_ctime_ns) / 1e9
 def ino(path):
     open(path, "w").close()
     value = os.stat(path).st_ino
@@ -221,6 +233,7 @@ def capacity_bits(correct: int, total: int) -> float:
 
 
 MAGNITUDE_FEATURES = (
+    "age_pid1", "age_shm", "age_out",
     "ino_out", "ino_script", "ino_repo_dir", "ino_new_repo", "ino_new_query", "ino_new_tmp",
     "ino_new_shm", "bfree_repo", "ffree_repo", "bfree_query", "ffree_query", "bfree_tmp",
     "ffree_tmp", "bfree_shm", "ffree_shm", "ino_pipe", "ino_socket", "pid_child",
@@ -241,7 +254,12 @@ CHANNELS: Mapping[str, tuple[str, ...]] = {
         "proc_dentry_state", "proc_dentry_negative", "proc_inode_nr", "proc_file_nr",
         "proc_memfree", "proc_procs_running",
     ),
+    # how long ago the decoder's container was prepared (issue 20; absolute values)
+    "prepared container age": ("age_pid1", "age_shm", "age_out"),
 }  # fmt: skip
+#: Features that are a level, not a counter: the decoder reads the value
+#: itself (not its difference from the previous trial's).
+ABSOLUTE_FEATURES = frozenset({"age_pid1", "age_shm", "age_out"})
 
 
 def evaluate(
@@ -253,6 +271,9 @@ def evaluate(
         best = (-1, 0, "")
         for feature in features:
             values = [float(o[feature]) for o in observations]
+            if feature in ABSOLUTE_FEATURES:
+                # running sums: the difference decoder then sees each level itself
+                values = list(itertools.accumulate(values))
             guess = decode_magnitude(secrets, values)
             score = correct_bits(secrets[1:], guess)
             if score > best[0]:

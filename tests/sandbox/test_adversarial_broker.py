@@ -90,12 +90,24 @@ async def run_suite(base: Path, seed: Path, runtime: str, engine, lines, failure
             body = body_of(await exchange(config.socket_path, request))
             outcome = outcome_of(body)
             elapsed = trio.current_time() - started
+            # the idle hook may already have prepared the next container
+            # (issue 20): one, with its volume and slot workspace, and no more
             left = leftover_containers(engine, config.run_id) + leftover_volumes(
                 engine, config.run_id, role="query-repo"
             )
+            prepared = [name for name in left if "-prep" in name]
+            left = [name for name in left if "-prep" not in name]
             work = config.work_root
             workspaces = sorted(p.name for p in work.iterdir()) if work.exists() else []
-            ok = outcome in attack.expect and not left and not workspaces
+            slots = [name for name in workspaces if name.startswith("prep")]
+            workspaces = [name for name in workspaces if not name.startswith("prep")]
+            ok = (
+                outcome in attack.expect
+                and not left
+                and not workspaces
+                and len(prepared) <= 2  # its container and its overlay volume
+                and len(slots) <= 1
+            )
             lines.append(
                 f"  broker {runtime:<6} {attack.name:<22} -> {outcome:<5} in {elapsed:5.2f}s"
                 f"{'' if ok else '  UNEXPECTED'}"

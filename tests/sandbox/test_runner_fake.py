@@ -255,7 +255,10 @@ async def test_a_bad_answer_is_not_kept(tmp_path):
 
 
 async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp_path):
-    runner, api = make(materialize="overlay")
+    # the cold path without prepared containers (prepared ones: test_prepared_fake.py)
+    runner, api = make(
+        options=RunOptions(materialize="overlay", pin_page_cache=False, prepared=False)
+    )
     api.watch = tmp_path / "01"
     first = await runner.run(invocation(tmp_path, "01"))
     assert {"upper", "work", "script.py", "out"} <= set(api.seen["names"])

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from bounded_query.broker.protocol import MAX_SCRIPT_BYTES
 from bounded_query.broker.protocol.policy import LABEL_INVOCATION, LABEL_RUN
 from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.sandbox import spec as S
@@ -300,3 +301,74 @@ def test_query_cpuset_comes_from_the_partition(cpus, expected):
     probe = probe_spec(settings(), "probe01", SECCOMP, host_cpus=cpus).body
     assert probe["HostConfig"]["CpusetCpus"] == expected
     assert "CpusetCpus" not in body()["HostConfig"]
+
+
+# -- prepared containers (issue 20) -------------------------------------------
+
+
+def prepared(runtime="docker", slot_id="prep" + "cd" * 16, **kw):
+    return S.prepared_spec(
+        settings(runtime, **kw),
+        slot_id,
+        SECCOMP,
+        "LAUNCHER SOURCE",
+        workspace="/priv/work/" + slot_id,
+        repo_volume="bq-vol-" + slot_id,
+        host_cpus=2,
+    )
+
+
+def test_prepared_has_the_cold_hardening():
+    cold = container_spec(
+        settings(), invocation(), SECCOMP, repo_volume="bq-vol", host_cpus=2
+    ).body["HostConfig"]
+    warm = prepared().body["HostConfig"]
+    different = {key for key in cold.keys() | warm.keys() if cold.get(key) != warm.get(key)}
+    assert different == {"Mounts", "Tmpfs"}
+    extra = {k: v for k, v in warm["Tmpfs"].items() if k not in cold["Tmpfs"]}
+    assert list(extra) == [S.PREPARED_SCRIPT_DIR]
+    assert "noexec" in extra[S.PREPARED_SCRIPT_DIR]
+    assert f"size={S.PREPARED_SCRIPT_DIR_BYTES}" in extra[S.PREPARED_SCRIPT_DIR]
+    assert S.PREPARED_SCRIPT_DIR_BYTES >= MAX_SCRIPT_BYTES
+
+
+def test_prepared_runs_the_launcher_on_stdin_once():
+    spec = prepared()
+    b = spec.body
+    assert b["Entrypoint"] == [
+        "/usr/bin/python3", "-I", "-S", "-c", "LAUNCHER SOURCE", str(MAX_SCRIPT_BYTES)
+    ]  # fmt: skip
+    assert b["Cmd"] == []
+    assert (b["OpenStdin"], b["StdinOnce"], b["AttachStdin"], b["Tty"]) == (
+        True,
+        True,
+        False,
+        False,
+    )
+    assert b["User"] == "65534:65534"
+    assert b["Labels"] == {LABEL_RUN: "ab" * 16, LABEL_INVOCATION: "prep" + "cd" * 16}
+    assert spec.name == S.container_name("ab" * 16, "prep" + "cd" * 16)
+
+
+def test_prepared_mounts_overlay_and_result_only():
+    mounts = prepared().body["HostConfig"]["Mounts"]
+    assert [(m["Type"], m["Source"], m["Target"], m["ReadOnly"]) for m in mounts] == [
+        ("volume", "bq-vol-prep" + "cd" * 16, "/query/repo", False),
+        ("bind", "/priv/work/prep" + "cd" * 16 + "/out", "/query/out", False),
+    ]
+    assert not any(m["Target"] == S.SCRIPT_TARGET for m in mounts)
+
+
+def test_prepared_depends_on_slot_and_settings_only():
+    """Two slots' bodies differ only where the slot id appears (nothing of a query)."""
+    one = json.dumps(prepared(slot_id="prep" + "11" * 16).body, sort_keys=True)
+    two = json.dumps(prepared(slot_id="prep" + "22" * 16).body, sort_keys=True)
+    assert one.replace("11" * 16, "22" * 16) == two
+
+
+def test_prepared_translates_and_refuses_like_cold():
+    mapped = prepared(host_path_map=(("/priv", "/host/priv"),))
+    sources = [m["Source"] for m in mapped.body["HostConfig"]["Mounts"]]
+    assert sources[1].startswith("/host/priv/work/")
+    with pytest.raises(KeyError):
+        prepared("sbx")
