@@ -6,8 +6,8 @@ object per line. Every line leads with ``_schema`` (:data:`AUDIT_SCHEMA`,
 ``bounded-query-audit/v1``; consumers prefix-match ``bounded-query-audit/``)
 and ``timestamp`` (ISO-8601 UTC); the JSON Schema ships as
 ``harness/schemas/bounded-query-audit.v1.schema.json``. A record holds
-exactly: invocation id, the repository when it is a *configured* slug (issue
-14: every response is explained to the operator; a slug the agent sent that
+exactly: invocation id, the repository when it is a *configured* slug (so
+every response is explained to the operator; a slug the agent sent that
 is not configured is never written), the schema's root type (``kind``, once
 the frame parsed), sensitivity class, charge in bits,
 timing bucket in ms, and the outcome/failure category -- never scripts,

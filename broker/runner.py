@@ -181,7 +181,7 @@ class Runner(Protocol):
         ...
 
     async def prepare(self, seed_dir: Path, work_root: Path) -> None:
-        """Prepare this seed's next invocation now, while the lane is idle (issue 20).
+        """Prepare this seed's next invocation now, while the lane is idle.
 
         The broker calls it after an answer of that seed has left, and at
         start-up after :meth:`warm`; only then, so nothing the preparation

@@ -391,7 +391,7 @@ class BrokerServer:
         ]
         await self.runner.warm(seeds)
         for seed in seeds:
-            # the first query of each seed finds its container prepared (issue 20)
+            # the first query of each seed finds its container prepared
             await self.runner.prepare(seed, self.config.work_root)
 
     async def _handle(self, stream: trio.SocketStream) -> None:

@@ -6,7 +6,7 @@ waited for with the configured wall-clock timeout, and force-removed
 (``force=True, v=True``) whatever happened. The workspace is prepared on the
 host first: the script is written read-only (``script.py``) and the result
 file ``out`` is pre-created and handed to uid 65534, so the container can
-bind both without any host-side copy of the seed. By default (issue 20) an
+bind both without any host-side copy of the seed. By default an
 overlay query instead runs in its seed's *prepared* container, created and
 started while the lane was idle and handed the script on stdin
 (:mod:`.prepared_pool`); this body is then the cold path of ``prepared=False``

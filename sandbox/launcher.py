@@ -1,4 +1,4 @@
-"""In-container launcher of a prepared query container (issue 20; spec 14.7).
+"""In-container launcher of a prepared query container (spec 14.7).
 
 Theory of operation: a prepared container is created and started *before*
 its request exists, so the expensive part of a launch (runtime start,

@@ -1,4 +1,4 @@
-"""The prepared-container slot of one repository, as a state table (issue 20).
+"""The prepared-container slot of one repository, as a state table.
 
 Theory of operation: to keep container start off an answer's critical path,
 the runner keeps, per repository, at most one *prepared* query container:

@@ -1,4 +1,4 @@
-"""Prepared query containers: one per repository, started while the lane is idle (issue 20).
+"""Prepared query containers: one per repository, started while the lane is idle.
 
 Theory of operation (spec 14.7; the slot life cycle is the table of
 :mod:`.prepared`): a trivial query's time is mostly container start. So,

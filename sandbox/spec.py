@@ -337,7 +337,7 @@ def prepared_spec(
     repo_volume: str,
     host_cpus: int | None = None,
 ) -> ContainerSpec:
-    """Derive the create body of a prepared query container (issue 20).
+    """Derive the create body of a prepared query container.
 
     The same hardened body as :func:`container_spec` with the overlay at
     ``/query/repo`` and the result file bound from ``workspace`` (the
