@@ -352,8 +352,9 @@ def reject_external_references(seed: Path) -> None:
 
 
 #: The seed's whole ``.git/config`` (step 4). ``checkStat = minimal``
-#: (fast ``git status`` on gVisor): git decides that a tracked file is unchanged from its size and the
-#: whole seconds of its mtime alone, not from inode, device, owner or ctime.
+#: (fast ``git status`` on gVisor): git decides that a tracked file is
+#: unchanged from its size and the whole seconds of its mtime alone, not from
+#: inode, device, owner or ctime.
 #: The index is refreshed by the broker's view-layer preparation on runc
 #: (sandbox/overlay.py), and every query sees the same files through another
 #: mount (other inode numbers in the query's overlay, and gVisor's gofer
