@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.config import CONFIG_ENV, ConfigError, load_config, load_seed_map
 from bounded_query.broker.journal import JournalCorrupt
 from bounded_query.broker.runner import Runner, RunnerUnavailable

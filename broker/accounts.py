@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trio
+
 from bounded_query.broker.journal import Admitted, JournalFile, Outcome, Record
 from bounded_query.broker.ledger import Ledger
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import h11
 import trio
+
 from bounded_query.broker.protocol import policy
 
 __all__ = [

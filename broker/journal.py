@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cbor2
+
 from bounded_query.broker.fdio import write_all
 
 __all__ = [

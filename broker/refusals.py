@@ -37,6 +37,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 import trio
+
 from bounded_query.broker.accounts import Accounts, CapReached, ThreadRunner
 from bounded_query.broker.audit import AuditLog, AuditRecord, RefusalSummary, RefusalTally
 from bounded_query.broker.journal import Admitted

@@ -58,6 +58,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.accounts import Accounts, Recovery, ThreadRunner, open_accounts
 from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog, AuditRecord

@@ -68,6 +68,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import trio
+
 from bounded_query.broker.accounts import Accounts, CapReached, ThreadRunner
 from bounded_query.broker.admission import Admit, Classified, RawRequest, Reject, admit, classify
 from bounded_query.broker.audit import AuditLog, AuditRecord

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
+
 from bounded_query.broker.protocol import TIMING_BUCKETS_MS
 
 __all__ = [

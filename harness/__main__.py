@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 from bounded_query.harness.agent.spec import (

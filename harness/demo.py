@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import trio
+
 from bounded_query.harness.lifecycle.options import RunOptions
 from bounded_query.harness.lifecycle.orchestrate import run
 from bounded_query.harness.records.events import EventSink

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+
 from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from bounded_query.broker.protocol.policy import QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import RESULT_FILE_NAME, Invocation, RunReport
 from bounded_query.broker.workspace import make_workspace, read_result_file, remove_tree

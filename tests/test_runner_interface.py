@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import (
     MAX_MEMORY_BYTES,
     MIN_MEMORY_BYTES,

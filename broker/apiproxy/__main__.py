@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.apiproxy._config import ConfigError, load_config
 from bounded_query.broker.apiproxy.credential import CredentialError, read_credential
 from bounded_query.broker.apiproxy.server import ApiProxy, report

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import httpx2
 import trio
+
 from bounded_query.broker.apiproxy._arming import Armed, ArmingState, Disarmed, Forwarded, step
 from bounded_query.broker.apiproxy._config import ProxyConfig
 from bounded_query.broker.apiproxy._control import (

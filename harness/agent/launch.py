@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import trio
+
 from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE
 from bounded_query.harness.agent.spec import ROLE_AGENT, AgentContainer, AgentUser

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
+
 from bounded_query.harness.agent.hostcheck import HostCheck, host_agent_problems
 from bounded_query.harness.agent.launch import (
     AgentHandle,

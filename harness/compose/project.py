@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.protocol.policy import parse_memory_limit
 from bounded_query.harness.compose.service import (
     ComposeError,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 from bounded_query.harness.configuration.config import BoundedQueriesConfig

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-from bounded_query.broker.protocol import policy
 from jsonschema import Draft202012Validator, validators
+
+from bounded_query.broker.protocol import policy
 
 __all__ = [
     "MAX_CONFIG_BYTES",

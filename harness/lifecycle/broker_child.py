@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import trio
+
 from bounded_query.harness.lifecycle.broker_log import relay_broker_log
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.records.events import EventSink

@@ -35,6 +35,7 @@ import re
 from typing import Any
 
 import trio
+
 from bounded_query.harness.records.events import EventSink
 
 __all__ = [

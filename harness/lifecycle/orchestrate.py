@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from functools import partial
 
 import trio
+
 from bounded_query.broker.protocol.policy import parse_memory_limit
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import Degradation

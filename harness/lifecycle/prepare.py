@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import trio
+
 from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME
 from bounded_query.harness.agent.launch import sweep_agent_containers
 from bounded_query.harness.configuration.channel_policy import NON_ROOT_MISSING

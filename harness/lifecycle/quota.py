@@ -50,6 +50,7 @@ import os
 from pathlib import Path
 
 import trio
+
 from bounded_query.harness.records.events import EventSink
 from bounded_query.sandbox.storage import (
     BYTES_PER_INODE,

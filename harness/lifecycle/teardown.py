@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
+
 from bounded_query.harness.configuration.config import BoundedQueriesConfig
 from bounded_query.harness.lifecycle.options import BrokerHandle
 from bounded_query.harness.lifecycle.paths import RunPaths

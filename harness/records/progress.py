@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.audit import AuditLine, RefusalSummary, Truncation, parse_line
 from bounded_query.broker.timing import bucket_label
 

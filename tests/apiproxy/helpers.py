@@ -12,11 +12,11 @@ from pathlib import Path
 
 import h11
 import trio
+
 from bounded_query.broker.apiproxy import ProxyConfig, parse_config
 from bounded_query.broker.apiproxy.server import ApiProxy
 from bounded_query.broker.apiproxy.usagelog import UsageLog
 from bounded_query.broker.protocol.policy import ENCLAVE_API_PROXY_ALIAS
-
 from tests.apiproxy.fake_upstream import FakeUpstream
 
 MODEL = "claude-test-model"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from bounded_query.broker.apiproxy import (
     Arm,
     Armed,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from bounded_query.broker.apiproxy import decode_record
 
+from bounded_query.broker.apiproxy import decode_record
 from tests.apiproxy.fake_upstream import FakeUpstream, Recorded, anthropic_events
 from tests.apiproxy.fake_upstream import anthropic_tool_use_events as tool_use
 from tests.apiproxy.helpers import CREDENTIAL, MODEL, running_proxy

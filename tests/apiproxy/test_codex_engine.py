@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from bounded_query.broker.apiproxy import decode_record
 
+from bounded_query.broker.apiproxy import decode_record
 from tests.apiproxy.fake_upstream import FakeUpstream
 from tests.apiproxy.helpers import CREDENTIAL, running_proxy
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.apiproxy import ConfigError, encode_config, load_config, parse_config
 from bounded_query.broker.apiproxy._config import parse_upstream_url
 from bounded_query.broker.apiproxy.credential import (
@@ -20,7 +21,6 @@ from bounded_query.broker.protocol.policy import (
     MAX_MODEL_REQUESTS,
     MAX_MODEL_TOKENS,
 )
-
 from tests.apiproxy.helpers import config_doc
 
 

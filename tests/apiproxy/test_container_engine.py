@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, ENCLAVE_API_PROXY_ALIAS
 from bounded_query.harness.configuration.apiproxy_image import (
     APIPROXY_IMAGE,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from bounded_query.broker.apiproxy import decode_record
 
+from bounded_query.broker.apiproxy import decode_record
 from tests.apiproxy.fake_upstream import FakeUpstream, Recorded
 from tests.apiproxy.helpers import CREDENTIAL, running_proxy
 

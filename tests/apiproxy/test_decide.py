@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bounded_query.broker.apiproxy import (
     ROUTES,
     Armed,
@@ -21,9 +24,6 @@ from bounded_query.broker.apiproxy import (
 )
 from bounded_query.broker.apiproxy._limits import MAX_REQUEST_BYTES
 from bounded_query.broker.protocol import strict_parse_json
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from tests.apiproxy.helpers import CREDENTIAL, config_doc
 
 PORT = 8080

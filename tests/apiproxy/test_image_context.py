@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bounded_query.harness.compose.service import ComposeError
 from bounded_query.harness.configuration.apiproxy_image import APIPROXY_UID, apiproxy_image_context
 

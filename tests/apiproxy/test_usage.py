@@ -6,6 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.broker.apiproxy import (
     USAGE_SCHEMA,
     UsageError,
@@ -17,9 +20,6 @@ from bounded_query.broker.apiproxy import (
 from bounded_query.broker.apiproxy._limits import MAX_USAGE_LINE_BYTES
 from bounded_query.broker.apiproxy._usage import MAX_METERED_EVENT_BYTES
 from bounded_query.broker.apiproxy.usagelog import UsageLog
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tests.apiproxy.fake_upstream import anthropic_events
 
 

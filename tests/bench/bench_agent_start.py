@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import trio
+
 from bounded_query.harness.agent.launch import start_container_agent, start_host_agent
 from bounded_query.harness.agent.spec import AgentContainer, AgentUser
 

@@ -29,7 +29,6 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bounded_query.broker.apiproxy import Armed, RequestHead, decide, parse_config
-
 from tests.apiproxy.fake_upstream import FakeUpstream, anthropic_events
 from tests.apiproxy.helpers import (
     CREDENTIAL,

@@ -27,7 +27,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bounded_query.broker.http import response_bytes  # noqa: E402
-
 from tests.broker.helpers import ERROR, make_root, request_bytes  # noqa: E402
 from tests.broker.procs import start_broker  # noqa: E402
 from tests.broker.test_hostile import CORPUS  # noqa: E402

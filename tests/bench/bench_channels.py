@@ -37,7 +37,6 @@ from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox import DockerRunner, RunOptions, docker_runner, spec
 from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
-
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
     evict_probe_files,

@@ -41,7 +41,6 @@ from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox import DockerRunner, spec
 from bounded_query.sandbox.cpus import agent_cpus
-
 from tests.sandbox.helpers import make_seed, new_invocation, remove_seed, settings
 
 BITS = 16

@@ -44,7 +44,6 @@ from bounded_query.broker.runner import Invocation, RunReport  # noqa: E402
 from bounded_query.broker.server import BrokerServer  # noqa: E402
 from bounded_query.broker.timing import bucket_label  # noqa: E402
 from bounded_query.sandbox import DockerRunner, RunOptions  # noqa: E402
-
 from tests.sandbox.helpers import IMAGE, make_seed, remove_seed  # noqa: E402
 
 REPO = "octo/bench"

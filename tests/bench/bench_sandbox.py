@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.broker.workspace import read_result_file, remove_tree

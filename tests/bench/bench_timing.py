@@ -33,7 +33,6 @@ from bounded_query.broker.ledger import Ledger  # noqa: E402
 from bounded_query.broker.runner import Invocation, RunReport  # noqa: E402
 from bounded_query.broker.service import Service  # noqa: E402
 from bounded_query.broker.timing import TOLERANCE_S, choose_boundary  # noqa: E402
-
 from tests.broker.helpers import load, make_root, request_bytes  # noqa: E402
 from tests.broker.test_service_timing import _http  # noqa: E402
 from tests.fakes.runner import ScriptedRunner  # noqa: E402

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import trio
-from bounded_query.broker.server import BrokerServer
 
+from bounded_query.broker.server import BrokerServer
 from tests.broker.helpers import load, make_root
 from tests.fakes.runner import ScriptedRunner
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
+
 from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.config import BrokerConfig, SeedMap, parse_config, parse_seed_map
 from bounded_query.broker.protocol import encode_schema_header

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+
 from bounded_query.broker.accounts import Accounts, CapReached, open_accounts
 from bounded_query.broker.journal import (
     Admitted,
@@ -19,7 +20,6 @@ from bounded_query.broker.journal import (
     encode_record,
 )
 from bounded_query.broker.ledger import InvocationState, JournalInconsistent, Ledger
-
 from tests.broker.helpers import run_inline
 
 RUN = "ab" * 10

@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.admission import (
     Admit,
     Classified,
@@ -32,7 +33,6 @@ from bounded_query.broker.protocol import (
     parse_schema,
 )
 from bounded_query.broker.runner import FAILURE_CATEGORIES, RunReport
-
 from tests.broker.helpers import REPOS, raw_request, request_bytes
 
 ID = "ab" * 16

@@ -11,6 +11,9 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.broker.audit import (
     MAX_AUDIT_BYTES,
     MAX_SUMMARY_CATEGORIES,
@@ -27,9 +30,6 @@ from bounded_query.broker.audit import (
     truncation_marker,
 )
 from bounded_query.broker.protocol import TIMING_BUCKETS_MS, policy
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service
 

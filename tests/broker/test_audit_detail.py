@@ -6,13 +6,13 @@ import json
 
 import pytest
 import trio
+
 from bounded_query.broker.audit import (
     MAX_DETAIL_CHARS,
     AuditRecord,
     format_record,
     sanitize_detail,
 )
-
 from tests.broker.helpers import body_of, exchange, request_bytes
 
 ERROR = b'{"status":"error"}'

@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.broker.config import (
     BrokerConfig,
     ConfigError,
@@ -20,9 +23,6 @@ from bounded_query.broker.config import (
     parse_seed_map,
 )
 from bounded_query.broker.protocol import policy
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tests.broker.helpers import make_root
 
 

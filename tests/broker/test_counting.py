@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 
 import trio
+
 from bounded_query.broker.accounts import Accounts
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.journal import Admitted, JournalFile
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.server import BrokerServer
 from bounded_query.broker.service import Service
-
 from tests.broker.helpers import RUN_ID, body_of, exchange, load, make_root, request_bytes
 from tests.fakes.runner import ScriptedRunner
 

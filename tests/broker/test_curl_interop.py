@@ -13,6 +13,7 @@ import time
 
 import pytest
 import trio
+
 from bounded_query.broker.protocol import encode_schema_header
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")

@@ -6,6 +6,7 @@ import os
 import threading
 
 import pytest
+
 from bounded_query.broker.fdio import write_all
 
 

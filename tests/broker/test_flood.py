@@ -14,9 +14,9 @@ import signal
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.http import response_bytes
 from bounded_query.broker.protocol import policy
-
 from tests.broker.helpers import ERROR, exchange, make_root, request_bytes
 from tests.broker.procs import start_broker
 

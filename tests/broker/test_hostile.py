@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+
 from bounded_query.broker.http import response_bytes
 from bounded_query.broker.server import BrokerServer
-
 from tests.broker.helpers import (
     ERROR,
     exchange,

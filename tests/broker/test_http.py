@@ -7,6 +7,9 @@ import contextlib
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bounded_query.broker.http import (
     CONTINUE_BYTES,
     MAX_HEADER_BYTES,
@@ -16,9 +19,6 @@ from bounded_query.broker.http import (
     read_request,
     response_bytes,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from tests.broker.helpers import request_bytes
 
 MAX_BODY = 65536

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.server import BrokerServer
-
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _http, make_service
 from tests.fakes.runner import ScriptedRunner

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import cbor2
 import pytest
+
 from bounded_query.broker.journal import (
     MAX_RECORD_BYTES,
     Admitted,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 import trio
+
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.gate import RefusalGate
 from bounded_query.broker.lane import (
@@ -20,7 +21,6 @@ from bounded_query.broker.lane import (
 )
 from bounded_query.broker.protocol import RequestError, parse_frame
 from bounded_query.broker.subsystem import BOUNDED_QUERY, Framed, Subsystem
-
 from tests.broker.helpers import ERROR, load, make_root, request_bytes
 from tests.broker.test_service_timing import _answer, make_service
 

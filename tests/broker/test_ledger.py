@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from bounded_query.broker.journal import Admitted, Debit, Header, Launched, Outcome, Record
 from bounded_query.broker.ledger import (
     MIN_CHARGE_BITS,

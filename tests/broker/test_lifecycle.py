@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.broker.journal import (
     Admitted,
     Debit,
@@ -26,7 +27,6 @@ from bounded_query.broker.journal import (
 )
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.server import BrokerServer
-
 from tests.broker.helpers import (
     ERROR,
     RUN_ID,

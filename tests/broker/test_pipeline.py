@@ -7,9 +7,9 @@ import os
 
 import jsonschema
 import trio
+
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome
 from bounded_query.broker.workspace import WorkspaceOps, read_result_file, remove_tree
-
 from tests.broker.conftest import serving
 from tests.broker.helpers import (
     ERROR,
@@ -205,8 +205,8 @@ async def test_cleanup_of_readonly_tree(broker):
 
 async def test_max_invocations_counts_rejections(tmp_path):
     import trio
-    from bounded_query.broker.server import BrokerServer
 
+    from bounded_query.broker.server import BrokerServer
     from tests.broker.helpers import load, make_root
     from tests.fakes.runner import ScriptedRunner
 

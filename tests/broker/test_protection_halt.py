@@ -14,13 +14,13 @@ import json
 
 import pytest
 import trio
+
 from bounded_query.broker.audit import AuditLog
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN, Degradation
 from bounded_query.broker.service import HALTED_CATEGORIES
 from bounded_query.broker.timing import BOUNDARIES_S, halted_answer_at
-
 from tests.broker.conftest import serving
 from tests.broker.helpers import ERROR, body_of, exchange, load, make_root, request_bytes
 from tests.broker.test_service_timing import OK, _answer, make_service

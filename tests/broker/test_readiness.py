@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from bounded_query.broker.readiness import UNREADABLE, decode_ready, encode_ready
-from bounded_query.broker.runner import Degradation
 from hypothesis import given
 from hypothesis import strategies as st
+
+from bounded_query.broker.readiness import UNREADABLE, decode_ready, encode_ready
+from bounded_query.broker.runner import Degradation
 
 texts = st.text(min_size=0, max_size=80)
 

@@ -14,8 +14,8 @@ import socket
 
 import pytest
 import trio
-from bounded_query.broker.server import BrokerServer
 
+from bounded_query.broker.server import BrokerServer
 from tests.broker.helpers import (
     ERROR,
     body_of,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.broker.config import parse_config, parse_seed_map
 from bounded_query.broker.server import BrokerServer
-
 from tests.broker.helpers import ERROR, body_of, exchange, request_bytes
 from tests.conftest import require_engine
 

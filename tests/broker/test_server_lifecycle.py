@@ -18,9 +18,9 @@ import os
 
 import pytest
 import trio
+
 from bounded_query.broker.journal import Admitted, JournalCorrupt, JournalFile, Outcome
 from bounded_query.broker.server import BrokerServer
-
 from tests.broker.helpers import (
     ERROR,
     RUN_ID,
@@ -256,7 +256,6 @@ async def test_descriptor_exhaustion_backs_off_and_logs_one_json_line_per_decade
 ):
     from bounded_query.broker.audit import AuditLog
     from bounded_query.broker.server import GatedListener, json_accept_log
-
     from tests.broker.test_service_timing import make_service
 
     config, seed_map = load(make_root(tmp_path))
@@ -292,7 +291,6 @@ async def test_the_gated_listener_accepts_nothing_while_a_query_holds_the_lane(
 ):
     from bounded_query.broker.audit import AuditLog
     from bounded_query.broker.server import GatedListener
-
     from tests.broker.helpers import raw_request
     from tests.broker.test_service_timing import make_service
 

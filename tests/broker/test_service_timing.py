@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+
 from bounded_query.broker.accounts import Accounts
 from bounded_query.broker.admission import RawRequest
 from bounded_query.broker.audit import AuditLog
@@ -18,7 +19,6 @@ from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
 from bounded_query.broker.service import Service
 from bounded_query.broker.timing import BOUNDARIES_S, TOLERANCE_S
-
 from tests.broker.helpers import ERROR, load, make_root, raw_request, request_bytes, run_inline
 from tests.fakes.runner import ScriptedRunner
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+
 from bounded_query.broker.timing import (
     BOUNDARIES_S,
     FINAL_STAGE_S,

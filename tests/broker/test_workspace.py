@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.workspace import read_result_file, remove_tree
 
 

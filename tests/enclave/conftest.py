@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from bounded_query.broker.protocol.policy import ENCLAVE_OCI_RUNTIMES
 
+from bounded_query.broker.protocol.policy import ENCLAVE_OCI_RUNTIMES
 from tests.enclave.helpers import FAKE_IMAGE, IMAGE, Rig, runtime_registered, start_rig
 
 #: The runtimes a networked enclave starts on here. gVisor is not among them:

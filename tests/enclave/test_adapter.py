@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.broker.protocol import policy
 from bounded_query.sandbox import enclave_adapter as adapter
 from bounded_query.sandbox import enclave_spec
-from hypothesis import given
-from hypothesis import strategies as st
 
 SCHEMA = '{"type":"object","fields":{"found":{"type":"boolean"}}}'
 task_text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]))

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.protocol.policy import ENCLAVE_API_PROXY_ALIAS, QUERY_UID
-
 from tests.enclave.helpers import (
     FAKE_IMAGE,
     MODEL,

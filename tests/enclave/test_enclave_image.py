@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol import policy
 from bounded_query.sandbox import enclave_adapter, enclave_spec
 

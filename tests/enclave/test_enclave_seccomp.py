@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from bounded_query import seccomp
 from bounded_query.broker.protocol import policy
 

@@ -7,11 +7,12 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.broker.protocol import policy
 from bounded_query.sandbox import enclave_spec as es
 from bounded_query.sandbox.spec import MASKED_PATHS
-from hypothesis import given
-from hypothesis import strategies as st
 
 SETTINGS = es.EnclaveSettings(
     runtime="docker",

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from bounded_query.broker.__main__ import run_server
-
 from tests.fakes.runner import process_runner_factory
 
 if __name__ == "__main__":

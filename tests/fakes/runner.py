@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
 from bounded_query.broker.runner import Degradation, Invocation, RunReport
 
 

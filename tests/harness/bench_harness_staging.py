@@ -22,7 +22,6 @@ from bounded_query.harness.configuration.config import PrivateRepo
 from bounded_query.harness.lifecycle.paths import run_paths
 from bounded_query.harness.staging import seeds as staging
 from bounded_query.harness.staging.seeds import SeedSpec, create_private_root, remove_read_only_tree
-
 from tests.harness.bq_harness_helpers import git, var_tmp_base
 
 

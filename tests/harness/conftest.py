@@ -18,8 +18,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from bounded_query.harness.records import events as events_module
 
+from bounded_query.harness.records import events as events_module
 from tests.fakes.engine_api import FakeEngineAPI, fake_engine_api
 
 

@@ -39,7 +39,6 @@ from bounded_query.broker.protocol.policy import (
 )
 from bounded_query.harness.agent.spec import ROLE_AGENT
 from bounded_query.harness.compose.service import HARNESS_LABEL
-
 from tests.harness.bq_harness_helpers import make_repo, mounts_under, var_tmp_base, wait_gone
 
 #: The agent's uid (the workspace's owner).

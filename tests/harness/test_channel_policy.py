@@ -8,6 +8,7 @@ import os
 
 import pytest
 import trio
+
 from bounded_query.broker.readiness import UNREADABLE, encode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN, Degradation
 from bounded_query.harness.configuration.channel_policy import (
@@ -157,7 +158,6 @@ async def _mixed_run(
 
     from bounded_query.harness import RunOptions, run
     from bounded_query.harness.records.events import EventSink
-
     from tests.harness.bq_harness_helpers import (
         FAKE_BROKER,
         HARNESS_TESTS_ROOT,
@@ -411,7 +411,6 @@ async def test_a_non_root_harness_says_what_it_lacks(tmp_path, classes, refused)
     from bounded_query.harness.lifecycle.prepare import execute_plan
     from bounded_query.harness.lifecycle.teardown import RunState, teardown
     from bounded_query.harness.records.events import EventSink
-
     from tests.harness.bq_harness_helpers import make_repo, mount_safe_base
 
     sources = {}

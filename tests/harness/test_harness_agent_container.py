@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.agent.launch import sweep_agent_containers
@@ -32,7 +33,6 @@ from bounded_query.harness.agent.spec import ROLE_AGENT
 from bounded_query.harness.lifecycle.sweep import MODE_RUN, OwnerRecord, current_owner
 from bounded_query.harness.records.events import EventSink
 from bounded_query.sandbox.cpus import agent_cpus
-
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
     HARNESS_TESTS_ROOT,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.agent.hostcheck import HostCheck, evaluate

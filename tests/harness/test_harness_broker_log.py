@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import trio
+
 from bounded_query.harness.lifecycle import broker_log
 from bounded_query.harness.lifecycle.broker_log import (
     BROKER_SCHEMA,
@@ -29,7 +30,6 @@ from bounded_query.harness.lifecycle.broker_log import (
     relay_broker_log,
 )
 from bounded_query.harness.records.events import EventSink, schema_path
-
 from tests.harness.bq_harness_helpers import (
     HARNESS_TESTS_ROOT,
     HOST_AGENT,

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.configuration.config import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from bounded_query.harness.lifecycle.broker_child import _spawn_broker
 from bounded_query.sandbox.cpus import agent_cpu_set, agent_cpus, query_cpus
 

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.compose.service import HARNESS_LABEL
 from bounded_query.harness.records.events import EventSink
-
 from tests.harness.bq_harness_helpers import (
     GitHttpServer,
     make_repo,

@@ -18,6 +18,7 @@ import venv
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.configuration.images import (
@@ -26,7 +27,6 @@ from bounded_query.harness.configuration.images import (
     missing_hint,
     recipe_script,
 )
-
 from tests.conftest import require_engine
 
 ROOT = Path(__file__).resolve().parents[2]

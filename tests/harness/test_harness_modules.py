@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 
-import bounded_query.harness as harness
 import pytest
+
+import bounded_query.harness as harness
 from bounded_query.harness.lifecycle.orchestrate import run as orchestrate_run
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.broker.config import parse_config, parse_seed_map
 from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
@@ -24,7 +25,6 @@ from bounded_query.harness.staging.outputs import (
 )
 from bounded_query.harness.staging.seeds import StagedSeed, create_private_root
 from bounded_query.harness.staging.skill import EXAMPLES, charge_of, render_skill
-
 from tests.harness.bq_harness_helpers import var_tmp_base
 
 CONFIG = BoundedQueriesConfig(

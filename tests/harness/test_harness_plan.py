@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IMAGE
 from bounded_query.harness.agent.spec import DEFAULT_AGENT_UID, AgentUser
 from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo

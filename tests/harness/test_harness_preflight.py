@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
 from bounded_query.harness.configuration.preflight import (
     PreflightInputs,

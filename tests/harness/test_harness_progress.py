@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 import trio
+
 from bounded_query.broker.audit import (
     AuditLine,
     AuditRecord,

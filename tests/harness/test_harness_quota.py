@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.lifecycle.quota import (
     WORK_QUOTA_MIN_BYTES,
@@ -38,7 +39,6 @@ from bounded_query.harness.lifecycle.quota import (
 )
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.records.usage import render_summary, usage_from_state
-
 from tests.harness.bq_harness_helpers import (
     HOST_AGENT,
     cmdlines,

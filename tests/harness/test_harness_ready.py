@@ -12,6 +12,7 @@ import json
 import os
 
 import trio
+
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation
 from bounded_query.harness.lifecycle.orchestrate import wait_ready

@@ -30,6 +30,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from bounded_query.harness.lifecycle.paths import run_paths
 from bounded_query.harness.lifecycle.reaper import (
     KEPT_CAPABILITIES,
@@ -44,9 +47,6 @@ from bounded_query.harness.lifecycle.reaper import (
 from bounded_query.harness.lifecycle.sweep import MODE_RUN, current_owner, write_owner_record
 from bounded_query.harness.staging.outputs import create_ingress_root
 from bounded_query.harness.staging.seeds import create_private_root
-from hypothesis import given
-from hypothesis import strategies as st
-
 from tests.harness.bq_harness_helpers import (
     HARNESS_TESTS_ROOT,
     make_repo,

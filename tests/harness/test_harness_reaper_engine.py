@@ -18,12 +18,12 @@ import os
 import secrets
 
 import pytest
+
 from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_RUN
 from bounded_query.harness.compose.service import HARNESS_LABEL
 from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.harness.lifecycle.sweep import SweepResult, sweep_stale_roots
 from bounded_query.harness.records.events import EventSink
-
 from tests.harness.reaper_engine import REAP_LIMIT_S, harness_run, kill_and_measure, leftovers
 
 pytestmark = pytest.mark.engine

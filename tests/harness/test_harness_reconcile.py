@@ -18,6 +18,7 @@ import os
 
 import docker.errors
 import pytest
+
 from bounded_query.broker.protocol.policy import LABEL_RUN
 from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.sandbox.reconcile import (

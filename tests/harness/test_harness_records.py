@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+
 from bounded_query.harness.records.events import EVENT_SCHEMA, EventSink, schema_path
 
 

@@ -6,6 +6,7 @@ import json
 
 import jsonschema
 import pytest
+
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.records.events import schema_path
 from bounded_query.harness.records.report import (
@@ -14,7 +15,6 @@ from bounded_query.harness.records.report import (
     report_document,
     report_markdown,
 )
-
 from tests.harness.test_harness_summary import REPOS, audit_bytes, journal_bytes
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.compose.service import HARNESS_LABEL
 from bounded_query.harness.records.events import EventSink
-
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
     HOST_AGENT,
@@ -468,6 +468,7 @@ sys.exit(0 if (first, second) == ('{"status":"ok","result":true}\n', '{"status":
 async def test_no_record_holds_a_script_an_output_a_host_path_or_a_token(setup):
     """Issue 14 item 1: scan every record of a run that used distinctive strings."""
     import jsonschema
+
     from bounded_query.harness.records.events import schema_path
     from bounded_query.harness.records.report import load_state, report_document
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from bounded_query.harness.configuration.config import PrivateRepo
 from bounded_query.harness.lifecycle.paths import run_paths
 from bounded_query.harness.staging.seeds import (
@@ -24,7 +25,6 @@ from bounded_query.harness.staging.seeds import (
     stage_seeds,
     verify_seed,
 )
-
 from tests.harness.bq_harness_helpers import (
     GitHttpServer,
     all_bytes_under,

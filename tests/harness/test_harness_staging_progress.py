@@ -13,7 +13,6 @@ import secrets
 from bounded_query.harness.configuration.config import PrivateRepo
 from bounded_query.harness.lifecycle.paths import run_paths
 from bounded_query.harness.staging.seeds import SeedSpec, create_private_root, stage_seeds
-
 from tests.harness.bq_harness_helpers import git, make_repo, var_tmp_base
 
 FILES = {f"src/f{i}.py": f"x = {i}\n" for i in range(40)}

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.audit import AuditRecord, RefusalSummary, format_record, format_summary
 from bounded_query.broker.journal import Admitted, Debit, Header, Outcome, Record, encode_record
 from bounded_query.harness.__main__ import UsageError, main, parse_seed_sources

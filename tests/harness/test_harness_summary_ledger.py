@@ -10,9 +10,9 @@ the summary too, never a silently different total.
 from __future__ import annotations
 
 import trio
+
 from bounded_query.broker.journal import Admitted, Debit, Header, Launched, Record, encode_record
 from bounded_query.harness.records.usage import render_summary, usage_from_state
-
 from tests.broker.conftest import serving
 from tests.broker.helpers import REPOS, exchange, make_root, request_bytes
 

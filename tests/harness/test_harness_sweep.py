@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from bounded_query.harness.lifecycle.options import RunOptions
 from bounded_query.harness.lifecycle.paths import RunPaths, run_paths
 from bounded_query.harness.lifecycle.quota import WorkQuota, mount_tmpfs
@@ -46,7 +47,6 @@ from bounded_query.harness.lifecycle.sweep import (
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.staging.outputs import create_ingress_root
 from bounded_query.harness.staging.seeds import create_private_root
-
 from tests.harness.bq_harness_helpers import (
     killable_harness,
     live_pids_with,

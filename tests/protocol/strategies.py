@@ -24,6 +24,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from hypothesis import strategies as st
+
 from bounded_query.broker.protocol import (
     MAX_LITERAL_STRING_BYTES,
     MAX_SAFE_INTEGER,
@@ -31,7 +33,6 @@ from bounded_query.broker.protocol import (
     SchemaError,
     parse_schema,
 )
-from hypothesis import strategies as st
 
 __all__ = [
     "all_values",

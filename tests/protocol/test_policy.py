@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
+
 from bounded_query.broker import runner
 from bounded_query.broker.protocol import MAX_SLUG_CHARS, TIMING_BUCKETS_MS, is_valid_slug, policy
 from bounded_query.harness.configuration import config as harness_config
 from bounded_query.harness.staging.skill import render_skill
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
-from jsonschema import Draft202012Validator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION_SCHEMA = REPO_ROOT / "harness" / "bounded-queries.schema.json"

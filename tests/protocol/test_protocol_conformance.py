@@ -14,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import bounded_query.broker.protocol as protocol
 import pytest
 import yaml
+
+import bounded_query.broker.protocol as protocol
 from bounded_query.broker.protocol import (
     MAX_OUTPUT_DEPTH,
     MAX_SCHEMA_BYTES,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from bounded_query.broker.protocol import (
     MAX_SAFE_INTEGER,
     MAX_SCHEMA_BYTES,
@@ -13,8 +16,6 @@ from bounded_query.broker.protocol import (
     check_output,
     parse_schema,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def enum_error(values: list[object]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from bounded_query.broker.protocol import (
     MAX_OUTPUT_DEPTH,
     MAX_RESULT_BYTES,

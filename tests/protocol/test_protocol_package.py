@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-import bounded_query.broker.protocol as protocol
 import pytest
+
+import bounded_query.broker.protocol as protocol
 from bounded_query.broker.protocol import (
     JSONError,
     RequestError,

@@ -12,6 +12,9 @@ import json
 import re
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
 from bounded_query.broker.protocol import (
     MAX_RESULT_BYTES,
     MAX_SAFE_INTEGER,
@@ -34,9 +37,6 @@ from bounded_query.broker.protocol import (
     parse_schema,
     strict_parse_json,
 )
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
 from tests.protocol.strategies import (
     all_values,
     brute_cardinality,

@@ -6,6 +6,7 @@ import base64
 import json
 
 import pytest
+
 from bounded_query.broker.protocol import (
     MAX_SCHEMA_BYTES,
     MAX_SCRIPT_BYTES,

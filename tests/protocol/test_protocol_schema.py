@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from bounded_query.broker.protocol import (
     MAX_ARRAY_LENGTH,
     MAX_ENUM_VALUES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bounded_query.broker.protocol import (
     CANONICAL_ERROR_BODY,
     MAX_RESULT_BYTES,

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.broker.config import parse_config, parse_seed_map
 from bounded_query.broker.server import BrokerServer
 from bounded_query.sandbox import create_runner
-
 from tests.broker.helpers import body_of, exchange, request_bytes
 from tests.sandbox.attacks import ATTACKS
 from tests.sandbox.helpers import IMAGE, RUNTIMES, leftover_containers, leftover_volumes

@@ -10,9 +10,9 @@ printed. The same attacks run through the real broker in
 from __future__ import annotations
 
 import pytest
+
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.sandbox import DockerRunner
-
 from tests.sandbox.attacks import ATTACKS
 from tests.sandbox.helpers import (
     RUNTIMES,

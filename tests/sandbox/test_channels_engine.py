@@ -40,11 +40,11 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.harness.configuration.channel_policy import channel_decision
 from bounded_query.sandbox import DockerRunner
 from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
-
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
     RUNTIMES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bounded_query.sandbox.cpus import agent_cpus, cpu_list, partitioned, query_cpus
 
 

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from bounded_query.harness.staging import seeds as staging
 from bounded_query.sandbox import DockerRunner
-
 from tests.sandbox.helpers import (
     GIT_ENV,
     RUNTIMES,

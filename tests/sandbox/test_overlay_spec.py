@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from bounded_query.broker.protocol.policy import LABEL_INVOCATION, LABEL_ROLE, LABEL_RUN
 from bounded_query.broker.runner import RunnerSettings
 from bounded_query.sandbox.overlay import (

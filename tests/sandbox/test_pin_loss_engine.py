@@ -17,13 +17,13 @@ import json
 import docker.errors
 import pytest
 import trio
+
 from bounded_query.broker.config import parse_config, parse_seed_map
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import PAGE_CACHE_PIN
 from bounded_query.broker.server import BrokerServer
 from bounded_query.sandbox import DockerRunner
-
 from tests.broker.helpers import body_of, exchange, request_bytes
 from tests.sandbox.helpers import leftover_containers
 from tests.sandbox.test_adversarial_broker import REPO, make_private_root
@@ -88,7 +88,6 @@ async def test_a_pin_that_cannot_start_refuses_a_sharing_run(engine, seed, tmp_p
         channel_decision,
         pin_missing,
     )
-
     from tests.sandbox.helpers import IMAGE
 
     config = parse_config(make_private_root(tmp_path, seed, "docker"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from bounded_query.sandbox.prepared import (
     MAX_PREPARED_SLOTS,
     TRANSITIONS,

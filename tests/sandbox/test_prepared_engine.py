@@ -16,9 +16,9 @@ import time
 
 import pytest
 import trio
+
 from bounded_query.sandbox import DockerRunner
 from bounded_query.sandbox.prepared import SlotState
-
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,

@@ -14,11 +14,11 @@ from pathlib import Path
 import docker.errors
 import pytest
 import trio
+
 from bounded_query.broker.runner import Invocation
 from bounded_query.sandbox import DockerRunner, RunOptions
 from bounded_query.sandbox.prepared import SlotState
 from bounded_query.sandbox.storage import unmount
-
 from tests.sandbox.test_runner_fake import FakeAPI, invocation, make
 
 SCRIPT = b"print(1)"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import docker.errors
 import pytest
 import trio
+
 from bounded_query.broker.runner import RunnerSettings
 from bounded_query.sandbox import DockerRunner, RunOptions
-
 from tests.conftest import require_engine
 from tests.sandbox.test_runner_fake import MEMORY, FakeAPI
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
 from bounded_query.sandbox import DockerRunner, RunOptions, create_runner, sbx_capability_report
-
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,

@@ -14,6 +14,7 @@ from pathlib import Path
 import docker.errors
 import pytest
 import trio
+
 from bounded_query.broker.runner import Invocation, RunnerSettings, RunnerUnavailable
 from bounded_query.sandbox import DockerRunner, RunOptions
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from bounded_query.sandbox import DockerRunner
 
+from bounded_query.sandbox import DockerRunner
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol import MAX_SCRIPT_BYTES
 from bounded_query.broker.protocol.policy import LABEL_INVOCATION, LABEL_RUN
 from bounded_query.broker.runner import Invocation, RunnerSettings

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.runner import Invocation
 from bounded_query.broker.workspace import remove_tree, unmount
 from bounded_query.sandbox.docker_runner import prepare_workspace, private_storage, release_storage

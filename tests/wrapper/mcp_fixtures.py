@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from bounded_query.harness.staging.outputs import install_wrapper_dir
-
 from tests.wrapper.fakes import DEADLINE_ENV, REPO_ROOT, SOCKET_ENV
 
 MCP_FILE = REPO_ROOT / "wrapper" / "bounded_query_mcp.py"

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cost as cost
-
 from tests.wrapper.fakes import COST_FILE, REPO_ROOT
 
 PROTOCOL_DIR = REPO_ROOT / "broker" / "protocol"

@@ -23,10 +23,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.staging.mcp_config import render_mcp_config
 from bounded_query.wrapper import bounded_query_cli as cli
-
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import BOOLEAN, SKILL_TEXT, server_env, skill_file, wrapper_dir
 

@@ -7,6 +7,7 @@ import json
 import tomllib
 
 import pytest
+
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
 from bounded_query.harness.staging.mcp_config import CLIENTS, render_mcp_config, server_env
@@ -79,7 +80,6 @@ def test_the_subcommand_refuses_an_unknown_client(capsys):
 
 def test_skill_md_shows_every_clients_snippet():
     from bounded_query.harness.staging.skill import render_skill
-
     from tests.harness.test_harness_outputs import CONFIG
 
     text = render_skill(CONFIG)

@@ -16,10 +16,10 @@ import json
 import os
 
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.records.events import EventSink
-
 from tests.harness.bq_harness_helpers import make_repo, var_tmp_base
 
 pytestmark = pytest.mark.engine

@@ -18,11 +18,11 @@ import json
 
 import jsonschema
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cli as cli
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
-
 from tests.wrapper.fakes import Reply, http_reply, recorded_server, silent_listener, was_contacted
 from tests.wrapper.mcp_fixtures import SKILL_TEXT, initialize, raw_server, server_env
 

@@ -15,11 +15,11 @@ import json
 from collections.abc import Sequence
 
 import pytest
-from bounded_query.broker import protocol
-from bounded_query.wrapper import bounded_query_cli as cli
 from mcp import Client, StdioServerParameters
 from mcp.types import TextContent, TextResourceContents
 
+from bounded_query.broker import protocol
+from bounded_query.wrapper import bounded_query_cli as cli
 from tests.wrapper.fakes import Reply, http_reply, recorded_server
 from tests.wrapper.mcp_fixtures import (
     BOOLEAN,

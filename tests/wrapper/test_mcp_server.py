@@ -16,10 +16,10 @@ from typing import Any
 
 import jsonschema
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cost as cost_tool
 from bounded_query.wrapper import bounded_query_mcp as mcp
-
 from tests.conftest import require_python38
 from tests.wrapper.fakes import (
     DEADLINE_ENV,

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from bounded_query.broker import protocol
 from bounded_query.wrapper import bounded_query_cost as cost
-
 from tests.broker.helpers import make_root
 from tests.wrapper.fakes import ERROR_LINE, REPO_ROOT, run_wrapper, socket_dir, wrapper_commands
 

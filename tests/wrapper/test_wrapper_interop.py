@@ -16,11 +16,11 @@ import subprocess
 
 import h11
 import pytest
-from bounded_query.broker import protocol
-from bounded_query.wrapper import bounded_query_cli as wrapper
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bounded_query.broker import protocol
+from bounded_query.wrapper import bounded_query_cli as wrapper
 from tests.wrapper.fakes import (
     ERROR_LINE,
     Reply,

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bounded_query.harness.staging.outputs import install_wrapper_dir
 
+from bounded_query.harness.staging.outputs import install_wrapper_dir
 from tests.conftest import require_engine, require_python38
 from tests.wrapper.fakes import (
     COST_FILE,
