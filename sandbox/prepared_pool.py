@@ -427,6 +427,11 @@ class PreparedPool:
         self._forget(seed_host, slot)
 
     def _forget(self, seed_host: str, slot: _Slot) -> None:
+        # Whatever path forgets a slot (a reconcile removed its container, a
+        # failed preparation, shutdown), its hijacked stdin connection goes too.
+        if slot.attached is not None:
+            _close_attached(slot.attached)
+            slot.attached = None
         if self._slots.get(seed_host) is slot:
             del self._slots[seed_host]
             with contextlib.suppress(ValueError):
@@ -449,3 +454,6 @@ class PreparedPool:
             if slot.state is SlotState.READY:
                 with contextlib.suppress(Exception):
                     await self._discard(seed_host)
+            elif slot.attached is not None:  # a preparation cut short: its connection
+                _close_attached(slot.attached)
+                slot.attached = None
