@@ -350,6 +350,7 @@ class DockerRunner:
             # after queries that could then load or evict image pages. No
             # container starts; ``watch`` makes the broker halt the run.
             self._lose_pin()
+            await self.prepared.aclose()
             return RunReport(policy.CATEGORY_RUNNER_INTERNAL, phases)
         if self.options.materialize == "overlay":
             with clock("view"):
@@ -560,8 +561,11 @@ class DockerRunner:
         """Prepare the seed's next query container now (Runner contract; the idle hook).
 
         A no-op without prepared containers or a copy-on-write view (tmpfs
-        mode). Never raises for an engine or storage fault.
+        mode), and once the pin is lost (the run halts: nothing would use it).
+        Never raises for an engine or storage fault.
         """
+        if self._pin_lost is not None:
+            return
         if self.options.prepared and self.options.materialize == "overlay":
             await self.prepared.prepare(seed_dir, work_root)
 
@@ -626,7 +630,9 @@ class DockerRunner:
 
         Checks every :data:`PIN_WATCH_S` seconds while the pin runs, and at
         once when an invocation found it gone (``run``). A pin that never
-        started is no loss (``degradations`` reported it at start).
+        started is no loss (``degradations`` reported it at start). The
+        prepared containers go with the loss: the run halts, so none of them
+        will ever serve a query.
         """
         while self._pin_lost is None:
             with trio.move_on_after(PIN_WATCH_S):
@@ -635,6 +641,7 @@ class DockerRunner:
                 async with self._pin_lock:
                     if self.page_cache_pinned and not await self._pin_alive():
                         self._lose_pin()
+        await self.prepared.aclose()
         return self._pin_lost
 
     # -- reconcile ---------------------------------------------------------

@@ -187,6 +187,12 @@ def _close_attached(attached: Any) -> None:
             closable.close()
 
 
+#: How long :meth:`PreparedPool.aclose` waits for a preparation under way
+#: (create and start take well under a second; the engine's own timeouts
+#: bound the rest).
+PREPARING_WAIT_S = 30.0
+
+
 @dataclass(eq=False)
 class _Slot:
     """One repository's prepared container and the resources it holds."""
@@ -449,8 +455,14 @@ class PreparedPool:
             self._forget(seed_host, slot)
 
     async def aclose(self) -> None:
-        """Destroy every ready slot (shutdown); never raises on an engine failure."""
+        """Destroy every ready slot, and one being built once it is (shutdown, halt).
+
+        Never raises on an engine failure.
+        """
         for seed_host, slot in list(self._slots.items()):
+            if slot.state is SlotState.PREPARING:
+                with trio.move_on_after(PREPARING_WAIT_S):
+                    await slot.done.wait()
             if slot.state is SlotState.READY:
                 with contextlib.suppress(Exception):
                     await self._discard(seed_host)
