@@ -56,6 +56,7 @@ __all__ = [
     "compose_broker_starter",
     "compose_document",
     "ensure_broker_image",
+    "seal_recipe",
     "write_compose_file",
 ]
 
@@ -188,6 +189,16 @@ ENV PYTHONPATH=/opt/bounded-query PYTHONDONTWRITEBYTECODE=1
 WORKDIR /
 ENTRYPOINT ["/usr/bin/python3", "-m", "bounded_query.broker"]
 """
+    return seal_recipe(context, dockerfile, base_id)
+
+
+def seal_recipe(context: Path, dockerfile: str, base_id: str) -> str:
+    """Write ``dockerfile`` into ``context`` and label it with the recipe's hash; return it.
+
+    The hash covers the base image's id and every file of the context (names
+    and bytes), so an image is rebuilt exactly when something it is made of
+    changed. Used by every image built from the query image and wheels.
+    """
     (context / "Dockerfile").write_text(dockerfile)
     digest = hashlib.sha256(base_id.encode() + b"\0")
     for path in sorted(context.rglob("*")):

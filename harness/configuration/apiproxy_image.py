@@ -16,7 +16,6 @@ digest of the context and of the base image's id) makes
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from bounded_query.harness.compose.service import (
     _package_dir,
     _pins,
     prepare_wheels,
+    seal_recipe,
 )
 
 __all__ = [
@@ -87,15 +87,7 @@ USER {APIPROXY_UID}:{APIPROXY_UID}
 WORKDIR /
 ENTRYPOINT ["/usr/bin/python3", "-m", "bounded_query.broker.apiproxy"]
 """
-    (context / "Dockerfile").write_text(dockerfile)
-    digest = hashlib.sha256(base_id.encode() + b"\0")
-    for path in sorted(context.rglob("*")):
-        if path.is_file():
-            digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
-    recipe = digest.hexdigest()
-    with (context / "Dockerfile").open("a") as handle:
-        handle.write(f'LABEL {RECIPE_LABEL}="{recipe}"\n')
-    return recipe
+    return seal_recipe(context, dockerfile, base_id)
 
 
 def ensure_apiproxy_image(
