@@ -138,12 +138,15 @@ class Arm:
     private_root: str
     ingress_root: str
     #: The harness's session id: its other children (staging's clones) share it.
+    #: 0 when the session's leader is outside this PID namespace (a container's
+    #: init, a CI runner): ``getsid`` then reports 0 for the harness and its
+    #: children alike, and the roots alone single out the run's processes.
     session: int
 
     def __post_init__(self) -> None:
         if not _RUN_ID_RE.fullmatch(self.run_id):
             raise ReaperMessageError("the run id is not a run id")
-        if type(self.session) is not int or self.session < 1:
+        if type(self.session) is not int or self.session < 0:
             raise ReaperMessageError("the session is not a session id")
         private, ingress = Path(self.private_root), Path(self.ingress_root)
         if not (private.is_absolute() and ingress.is_absolute()):

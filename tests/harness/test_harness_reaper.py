@@ -51,6 +51,7 @@ from tests.harness.bq_harness_helpers import (
     HARNESS_TESTS_ROOT,
     make_repo,
     mounts_under,
+    require_root,
     wait_gone,
 )
 from tests.harness.bq_harness_helpers import mount_safe_base as reaper_base
@@ -108,7 +109,7 @@ def test_messages_round_trip():
         {"ingressRoot": "/var/tmp/awf-bounded-query-ingress-1-0123456789abcdef"},
         {"ingressRoot": "/var/tmp/anything"},
         {"dockerHost": 7},
-        {"session": 0},
+        {"session": -1},
         {"session": "1"},
         {"session": True},
         {"extra": "x"},
@@ -196,6 +197,34 @@ def test_reap_kills_reconciles_its_own_run_twice_and_removes_its_roots():
     assert reaped.strays == 1
     assert (reaped.containers, reaped.engine, reaped.roots) == (3, "reconciled", "removed")
     assert 0 <= reaped.last_removal_s <= reaped.seconds < 5
+
+
+def test_the_reap_works_where_the_session_leader_is_outside_the_pid_namespace():
+    """A harness started inside a container (or a CI runner's namespace) whose
+    session leader lives outside its PID namespace reads ``getsid() == 0``.
+    The reaper must still arm, kill the run's strays (and only those inside
+    the roots, not a process in a session of its own) and remove the roots:
+    run the reap test again in a fresh PID namespace, where that is so."""
+    require_root()
+    namespace = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable]
+    premise = subprocess.run(
+        [*namespace, "-c", "import os; print(os.getsid(0))"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert premise.stdout.strip() == "0"
+    test = f"{__file__}::test_reap_kills_reconciles_its_own_run_twice_and_removes_its_roots"
+    result = subprocess.run(
+        [*namespace, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout
 
 
 def test_reap_never_removes_roots_whose_record_names_another_run():
