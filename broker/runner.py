@@ -128,6 +128,11 @@ class RunReport:
 
     failure: str | None = None
     phases: Mapping[str, float] = field(default_factory=dict)
+    #: The answer: the result file's bytes as the checked reader
+    #: (``broker.workspace.read_result_file``: O_NOFOLLOW, regular file, size
+    #: cap) returned them after every container was removed; None when the
+    #: file is missing or refused, or ``failure`` is set.
+    result: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.failure is not None and self.failure not in FAILURE_CATEGORIES:
