@@ -47,6 +47,7 @@ __all__ = [
     "PAGE_CACHE_PIN",
     "RESULT_FILE_NAME",
     "Degradation",
+    "EnclaveOptions",
     "Invocation",
     "RunReport",
     "Runner",
@@ -154,6 +155,36 @@ class RunnerSettings:
     memory_bytes: int
     docker_host: str = DEFAULT_DOCKER_HOST
     host_path_map: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EnclaveOptions:
+    """Trusted per-run settings of a bounded-agent broker's enclaves (spec 15.2, 15.6).
+
+    Carried by the agent broker's config next to :class:`RunnerSettings`
+    (whose ``image`` is the engine's enclave image, ``timeout_s`` and
+    ``memory_bytes`` the enclave's bounds); derived only from the operator's
+    ``boundedAgents`` section and the run's network, never from a request.
+
+    ``network`` is the run's internal enclave network, ``proxy_address`` the
+    API proxy's fixed IPv4 address on it and ``proxy_port`` its port;
+    ``control_socket`` the proxy's control socket (arm/disarm), reachable by
+    the broker only. ``nano_cpus`` bounds the CPUs (1e9 = one),
+    ``tmpfs_bytes`` each of /tmp and /agent, ``max_output_bytes`` the result
+    file, ``max_task_bytes`` the caller's task.
+    """
+
+    engine: str
+    model: str
+    network: str
+    proxy_address: str
+    proxy_port: int
+    control_socket: Path
+    nano_cpus: int
+    pids_limit: int
+    tmpfs_bytes: int
+    max_output_bytes: int
+    max_task_bytes: int
 
 
 class Runner(Protocol):
