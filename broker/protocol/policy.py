@@ -24,6 +24,8 @@ from types import MappingProxyType
 
 __all__ = [
     "AGENT_ENGINES",
+    "AGENT_PROFILES",
+    "AGENT_SUBSYSTEM_VARIABLES",
     "AGENT_VARIABLES",
     "CATEGORY_AUDIT_TRUNCATED",
     "CATEGORY_BROKER_INTERNAL",
@@ -62,7 +64,15 @@ __all__ = [
     "CATEGORY_RUNNER_INTERNAL",
     "CATEGORY_WORKSPACE_FAILED",
     "DEFAULTS",
+    "DEFAULT_AGENT_CPU_LIMIT",
+    "DEFAULT_AGENT_ENGINE",
     "DEFAULT_AGENT_IMAGE",
+    "DEFAULT_AGENT_MAX_INVOCATIONS",
+    "DEFAULT_AGENT_MAX_OUTPUT_BYTES",
+    "DEFAULT_AGENT_MAX_TASK_BYTES",
+    "DEFAULT_AGENT_PROFILE",
+    "DEFAULT_AGENT_TIMEOUT_S",
+    "DEFAULT_AGENT_TMPFS_LIMIT",
     "DEFAULT_DOCKER_HOST",
     "DEFAULT_DOCKER_SOCKET",
     "DEFAULT_ENABLED",
@@ -85,16 +95,22 @@ __all__ = [
     "ENCLAVE_OCI_RUNTIMES",
     "ENCLAVE_PIDS_LIMIT",
     "ENCLAVE_TMPFS_BYTES",
+    "ENV_AGENT_REPOS",
+    "ENV_AGENT_SKILL",
+    "ENV_AGENT_SOCKET",
     "ENV_REPOS",
     "ENV_SKILL",
     "ENV_SOCKET",
     "INTERPRETERS",
+    "LABEL_AGENT_INVOCATION",
+    "LABEL_AGENT_RUN",
     "LABEL_INVOCATION",
     "LABEL_OWNER",
     "LABEL_ROLE",
     "LABEL_RUN",
     "LAUNCHABLE_RUNTIMES",
     "LEGACY_SENSITIVITY",
+    "MAX_AGENT_TIMEOUT_S",
     "MAX_INVOCATIONS",
     "MAX_MEMORY_BYTES",
     "MAX_MEMORY_DIGITS",
@@ -129,6 +145,8 @@ __all__ = [
     "SENSITIVITY_SEALED",
     "SLUG_PATTERN",
     "SLUG_RE",
+    "SUBSYSTEM_AGENT",
+    "SUBSYSTEM_QUERY",
     "docker_socket_path",
     "parse_memory_limit",
 ]
@@ -410,3 +428,32 @@ def parse_memory_limit(text: str) -> int:
     if not MIN_MEMORY_BYTES <= value <= MAX_MEMORY_BYTES:
         raise ValueError(f"memoryLimit {text!r}: must be between 6m and 64g")
     return value
+
+
+# --- 15.2 boundedAgents: defaults and bounds; 15.8 the agent's variables ----------------
+
+#: spec 15.2 defaults of the ``boundedAgents`` section (the others are shared
+#: with ``boundedQueries`` or listed with the enclave above).
+DEFAULT_AGENT_ENGINE = "copilot"
+DEFAULT_AGENT_PROFILE = "openai"
+AGENT_PROFILES: tuple[str, ...] = ("openai", "anthropic")
+DEFAULT_AGENT_TIMEOUT_S = 120
+#: 540 s: the 10-minute bucket keeps its last minute for cleanup (spec 15.2).
+MAX_AGENT_TIMEOUT_S = 540
+DEFAULT_AGENT_CPU_LIMIT = "1"
+DEFAULT_AGENT_TMPFS_LIMIT = "64m"
+DEFAULT_AGENT_MAX_OUTPUT_BYTES = ENCLAVE_MAX_OUTPUT_BYTES
+DEFAULT_AGENT_MAX_TASK_BYTES = 4096
+DEFAULT_AGENT_MAX_INVOCATIONS = 8
+#: The bounded-agent subsystem's name (events, records, the broker config's
+#: ``subsystem``); the query subsystem's is :data:`SUBSYSTEM_QUERY`.
+SUBSYSTEM_AGENT = "bounded-agent"
+SUBSYSTEM_QUERY = "bounded-query"
+#: Labels of every bounded-agent container (spec 15.4 step 5).
+LABEL_AGENT_RUN = "awf.bounded-agent.run"
+LABEL_AGENT_INVOCATION = "awf.bounded-agent.invocation"
+#: The agent's variables for the bounded-agent subsystem (spec 15.8).
+ENV_AGENT_SOCKET = "AWF_BOUNDED_AGENT_SOCKET"
+ENV_AGENT_SKILL = "AWF_BOUNDED_AGENT_SKILL"
+ENV_AGENT_REPOS = "AWF_BOUNDED_AGENT_REPOS"
+AGENT_SUBSYSTEM_VARIABLES: tuple[str, ...] = (ENV_AGENT_SOCKET, ENV_AGENT_SKILL, ENV_AGENT_REPOS)

@@ -122,6 +122,53 @@ class BoundedQueriesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiTarget:
+    """Where the API proxy sends one provider's requests (``apiProxy.targets.<provider>``).
+
+    ``scheme`` is ``https`` unless the operator passed
+    ``--allow-insecure-api-target`` for an ``http://HOST[:PORT]`` target.
+    """
+
+    scheme: str
+    host: str
+    port: int
+    base_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class BoundedAgentsConfig:
+    """The normalized ``boundedAgents`` section (spec 15.2). Values are checked
+    by :mod:`.preflight`; the byte sizes are parsed from their Docker-style
+    strings (``memoryLimit``, ``tmpfsLimit``) and ``cpuLimit`` into nano-CPUs.
+    ``target`` is the API target of the engine's provider (the default: the
+    provider's public API over https).
+    """
+
+    enabled: bool = policy.DEFAULT_ENABLED
+    private_repos: tuple[PrivateRepo, ...] = ()
+    runtime: str = policy.DEFAULT_RUNTIME
+    engine: str = policy.DEFAULT_AGENT_ENGINE
+    profile: str = policy.DEFAULT_AGENT_PROFILE
+    model: str = ""
+    timeout: int = policy.DEFAULT_AGENT_TIMEOUT_S
+    memory_limit: str = policy.DEFAULT_MEMORY_LIMIT
+    cpu_limit: str = policy.DEFAULT_AGENT_CPU_LIMIT
+    pids_limit: int = policy.ENCLAVE_PIDS_LIMIT
+    tmpfs_limit: str = policy.DEFAULT_AGENT_TMPFS_LIMIT
+    max_output_bytes: int = policy.DEFAULT_AGENT_MAX_OUTPUT_BYTES
+    max_task_bytes: int = policy.DEFAULT_AGENT_MAX_TASK_BYTES
+    max_invocations: int = policy.DEFAULT_AGENT_MAX_INVOCATIONS
+    max_model_requests: int = policy.DEFAULT_MAX_MODEL_REQUESTS
+    max_model_tokens: int = policy.DEFAULT_MAX_MODEL_TOKENS
+    target: ApiTarget | None = None
+
+    @property
+    def slugs(self) -> tuple[str, ...]:
+        """The configured slugs, in configuration order."""
+        return tuple(r.repo for r in self.private_repos)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedConfig:
     """A validated, normalized configuration and the warnings it produced."""
 

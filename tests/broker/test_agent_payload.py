@@ -15,7 +15,7 @@ from bounded_query.broker.agent_payload import (
     encode_agent_payload,
 )
 
-_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200)
+_TEXT = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=200)
 
 
 @given(_TEXT, _TEXT)
