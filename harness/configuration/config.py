@@ -175,6 +175,8 @@ class LoadedConfig:
     config: BoundedQueriesConfig
     warnings: tuple[str, ...]
     source: str
+    #: The ``boundedAgents`` section (disabled when absent).
+    agents: BoundedAgentsConfig = BoundedAgentsConfig()
 
 
 # --------------------------------------------------------------------- parsing
