@@ -449,9 +449,7 @@ class Service:
         )
         try:
             report = await self._run_runner(invocation)
-            raw: bytes | None = None
-            if report is not None and report.failure is None:
-                raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
+            raw = None if report is None or report.failure is not None else report.result
             result = classify(report, raw, admitted.schema)
         except BaseException as exc:
             # Cancelled (shutdown grace expired) or a bug while checking the

@@ -46,7 +46,7 @@ import trio
 
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.workspace import read_result_file, remove_tree
+from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox import DockerRunner, RunOptions
 from bounded_query.seccomp import profile_json
 
@@ -94,7 +94,7 @@ async def one_query(runner: DockerRunner, seed: Path, work: Path) -> tuple[float
     await trio.to_thread.run_sync(lambda: workspace.mkdir(mode=0o700))
     invocation = Invocation(runner.settings.run_id, invocation_id, seed, workspace, SCRIPT)
     report = await runner.run(invocation)
-    raw = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
+    raw = report.result
     ok = report.failure is None and raw is not None and check_output(raw, BOOLEAN) == "true"
     cleanup_started = time.perf_counter()
     await trio.to_thread.run_sync(remove_tree, workspace)

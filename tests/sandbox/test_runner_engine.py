@@ -14,7 +14,6 @@ from tests.sandbox.helpers import (
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -58,7 +57,7 @@ async def run_one(engine, work_root, seed, script, *, options=None, **kw):
     inv = new_invocation(cfg, work_root, seed, script)
     try:
         report = await runner.run(inv)
-        answer = read_answer(inv)
+        answer = report.result
         assert leftover_containers(engine, cfg.run_id) == []
         # only the per-seed view layer outlives an invocation
         assert leftover_volumes(engine, cfg.run_id, role="query-repo") == []
@@ -121,7 +120,7 @@ async def test_timeout_kills_and_removes(engine, work_root, seed, runtime):
         engine, work_root, seed, "import time\ntime.sleep(60)", runtime=runtime, timeout_s=2
     )
     assert report.failure == "query-timeout"
-    assert answer == b""
+    assert answer is None  # after a failure the runner returns no answer
     assert report.phases["wait"] < 10
 
 
@@ -239,7 +238,7 @@ async def test_warm_prepares_the_view_once(engine, work_root, seed):
         report = await runner.run(inv)
         assert report.failure is None
         assert report.phases["view"] < 0.1  # already prepared
-        assert read_answer(inv) == b"true"
+        assert report.result == b"true"
         assert await runner.reconcile() == 1  # only the page-cache pin (sandbox/pagecache.py)
     finally:
         runner.close()
