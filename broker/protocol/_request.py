@@ -48,6 +48,7 @@ __all__ = [
     "is_valid_slug",
     "parse_frame",
     "parse_request",
+    "schema_from_header",
 ]
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -216,9 +217,23 @@ def parse_frame(headers: list[tuple[bytes, bytes]], body: bytes) -> Request:
         script = body.decode("utf-8", "strict")
     except UnicodeDecodeError:
         raise RequestError("body: script is not valid UTF-8") from None
-    raw_schema = decode_schema_header(found[_H_SCHEMA])
+    _raw, schema = schema_from_header(found[_H_SCHEMA])
+    return Request(repo, schema, script)
+
+
+def schema_from_header(value: bytes) -> tuple[bytes, Schema]:
+    """The raw JSON bytes and the parsed schema of an ``X-AWF-Schema-B64`` value.
+
+    Shared by both subsystems' frames (the agent frame keeps the raw bytes:
+    the enclave gets the schema's text as admitted).
+
+    Raises:
+        RequestError: a non-canonical or oversize header, JSON the strict
+            parser refuses, or a schema :func:`parse_schema` refuses.
+    """
+    raw_schema = decode_schema_header(value)
     try:
         obj = strict_parse_json(raw_schema, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_OUTPUT_DEPTH)
     except JSONError as exc:
         raise RequestError(f"x-awf-schema-b64: {exc}") from None
-    return Request(repo, _schema(obj), script)
+    return raw_schema, _schema(obj)

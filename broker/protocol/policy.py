@@ -24,7 +24,9 @@ from types import MappingProxyType
 
 __all__ = [
     "AGENT_ENGINES",
+    "AGENT_FORBIDDEN_CONTROLS",
     "AGENT_PROFILES",
+    "AGENT_PROTOCOL_VERSION",
     "AGENT_SUBSYSTEM_VARIABLES",
     "AGENT_VARIABLES",
     "CATEGORY_AUDIT_TRUNCATED",
@@ -457,3 +459,28 @@ ENV_AGENT_SOCKET = "AWF_BOUNDED_AGENT_SOCKET"
 ENV_AGENT_SKILL = "AWF_BOUNDED_AGENT_SKILL"
 ENV_AGENT_REPOS = "AWF_BOUNDED_AGENT_REPOS"
 AGENT_SUBSYSTEM_VARIABLES: tuple[str, ...] = (ENV_AGENT_SOCKET, ENV_AGENT_SKILL, ENV_AGENT_REPOS)
+
+# --- 15.3 bounded agents: the request frame (agent-broker) -------------------------------
+
+#: ``X-AWF-Agent-Version``: the bounded-agent frame's one version.
+AGENT_PROTOCOL_VERSION = 1
+#: The trusted controls spec 15.3 names, as the ``X-AWF-*`` headers a request
+#: might try to set them with (lowercase): every one is refused explicitly,
+#: on top of the unknown-header rule, so a future widening of the accepted
+#: headers fails a test instead of granting a capability.
+AGENT_FORBIDDEN_CONTROLS: tuple[str, ...] = (
+    "x-awf-image",
+    "x-awf-command",
+    "x-awf-executable",
+    "x-awf-mount",
+    "x-awf-path",
+    "x-awf-environment",
+    "x-awf-endpoint",
+    "x-awf-network",
+    "x-awf-proxy",
+    "x-awf-credential",
+    "x-awf-timeout",
+    "x-awf-resource-limit",
+    "x-awf-runtime",
+    "x-awf-tool-definition",
+)
