@@ -451,7 +451,11 @@ class Service:
             report = await self._run_runner(invocation)
             raw: bytes | None = None
             if report is not None and report.failure is None:
-                raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
+                if self.subsystem.answer_in_report:
+                    # The runner read the result file itself (RunReport.result).
+                    raw = report.result
+                else:
+                    raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
             result = classify(report, raw, admitted.schema)
         except BaseException as exc:
             # Cancelled (shutdown grace expired) or a bug while checking the
