@@ -49,6 +49,7 @@ __all__ = [
     "parse_frame",
     "parse_request",
     "schema_from_header",
+    "schema_from_object",
 ]
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -124,7 +125,12 @@ def decode_schema_header(value: bytes) -> bytes:
     return raw
 
 
-def _schema(obj: object) -> Schema:
+def schema_from_object(obj: object) -> Schema:
+    """The parsed schema of a request's ``schema`` object.
+
+    Raises:
+        RequestError: :func:`parse_schema` refused it (its message kept).
+    """
     try:
         return parse_schema(obj)
     except SchemaError as exc:
@@ -166,7 +172,7 @@ def parse_request(obj: object) -> Request:
     if not is_valid_slug(repo):
         raise RequestError("request.privateRepo: not an owner/repo slug")
     script = _script_from_str(obj["script"])
-    schema = _schema(obj["schema"])
+    schema = schema_from_object(obj["schema"])
     assert isinstance(repo, str)  # is_valid_slug checked it
     return Request(repo, schema, script)
 
@@ -236,4 +242,4 @@ def schema_from_header(value: bytes) -> tuple[bytes, Schema]:
         obj = strict_parse_json(raw_schema, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_OUTPUT_DEPTH)
     except JSONError as exc:
         raise RequestError(f"x-awf-schema-b64: {exc}") from None
-    return raw_schema, _schema(obj)
+    return raw_schema, schema_from_object(obj)

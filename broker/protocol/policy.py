@@ -464,23 +464,24 @@ AGENT_SUBSYSTEM_VARIABLES: tuple[str, ...] = (ENV_AGENT_SOCKET, ENV_AGENT_SKILL,
 
 #: ``X-AWF-Agent-Version``: the bounded-agent frame's one version.
 AGENT_PROTOCOL_VERSION = 1
-#: The trusted controls spec 15.3 names, as the ``X-AWF-*`` headers a request
-#: might try to set them with (lowercase): every one is refused explicitly,
-#: on top of the unknown-header rule, so a future widening of the accepted
-#: headers fails a test instead of granting a capability.
+#: The trusted controls spec 15.3 names, as the request keys a caller might
+#: try to set them with (``resourceLimit``; as a header, ``X-AWF-Resource-Limit``):
+#: every one is refused explicitly, on top of the unknown-key and
+#: unknown-header rules, so a future widening of the accepted keys fails a
+#: test instead of granting a capability.
 AGENT_FORBIDDEN_CONTROLS: tuple[str, ...] = (
-    "x-awf-image",
-    "x-awf-command",
-    "x-awf-executable",
-    "x-awf-mount",
-    "x-awf-path",
-    "x-awf-environment",
-    "x-awf-endpoint",
-    "x-awf-network",
-    "x-awf-proxy",
-    "x-awf-credential",
-    "x-awf-timeout",
-    "x-awf-resource-limit",
-    "x-awf-runtime",
-    "x-awf-tool-definition",
+    "image",
+    "command",
+    "executable",
+    "mount",
+    "path",
+    "environment",
+    "endpoint",
+    "network",
+    "proxy",
+    "credential",
+    "timeout",
+    "resourceLimit",
+    "runtime",
+    "toolDefinition",
 )

@@ -24,7 +24,7 @@ from bounded_query.broker.agent_payload import AgentPayload
 from bounded_query.broker.audit import AGENT_AUDIT_SCHEMA, AuditLog
 from bounded_query.broker.journal import JournalFile
 from bounded_query.broker.ledger import Ledger
-from bounded_query.broker.protocol import TIMING_BUCKETS_MS, policy
+from bounded_query.broker.protocol import FORBIDDEN_CONTROL_HEADERS, TIMING_BUCKETS_MS, policy
 from bounded_query.broker.service import Service
 from bounded_query.broker.subsystem import subsystem_for
 from bounded_query.broker.timing import BOUNDARIES_S
@@ -165,7 +165,7 @@ REFUSED = [
     pytest.param(request_bytes("x"), id="a-query-frame"),
     *[
         pytest.param(agent_request_bytes("x", extra=[(name, "v")]), id=name)
-        for name in policy.AGENT_FORBIDDEN_CONTROLS
+        for name in FORBIDDEN_CONTROL_HEADERS
     ],
 ]
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from bounded_query.broker.http import response_bytes
-from bounded_query.broker.protocol import policy
+from bounded_query.broker.protocol import FORBIDDEN_CONTROL_HEADERS
 from bounded_query.broker.server import BrokerServer
 from bounded_query.broker.timing import BOUNDARIES_S
 from tests.broker.agent_helpers import FakeEnclaveRunner, agent_doc, agent_request_bytes
@@ -84,7 +84,7 @@ REFUSED = [
     pytest.param(request_bytes("write true"), id="query-frame"),
     *[
         pytest.param(agent_request_bytes("x", extra=[(name.title(), "/bin/sh")]), id=name)
-        for name in policy.AGENT_FORBIDDEN_CONTROLS
+        for name in FORBIDDEN_CONTROL_HEADERS
     ],
 ]
 

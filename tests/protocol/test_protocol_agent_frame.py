@@ -14,11 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bounded_query.broker.protocol import (
+    FORBIDDEN_CONTROL_HEADERS,
     AgentRequest,
     RequestError,
     charge,
     encode_schema_header,
     parse_agent_frame,
+    parse_agent_request,
     policy,
 )
 from tests.protocol.strategies import valid_schema_objs
@@ -72,7 +74,7 @@ def test_header_names_match_any_case() -> None:
     assert parse(hdrs).private_repo == "octo/private"
 
 
-@pytest.mark.parametrize("control", policy.AGENT_FORBIDDEN_CONTROLS)
+@pytest.mark.parametrize("control", FORBIDDEN_CONTROL_HEADERS)
 @pytest.mark.parametrize("spelling", [str.lower, str.upper, str.title])
 def test_each_named_control_is_refused_by_name(control: str, spelling: object) -> None:
     assert callable(spelling)
@@ -92,23 +94,23 @@ def test_variants_of_named_controls_are_refused_by_name(name: bytes) -> None:
 def test_the_named_controls_cover_the_spec_list() -> None:
     # spec 15.3: image, command, executable, mount, path, environment, endpoint,
     # network, proxy, credential, timeout, resource limit, runtime, tool definition.
-    words = [name.removeprefix("x-awf-") for name in policy.AGENT_FORBIDDEN_CONTROLS]
-    assert words == [
-        "image",
-        "command",
-        "executable",
-        "mount",
-        "path",
-        "environment",
-        "endpoint",
-        "network",
-        "proxy",
-        "credential",
-        "timeout",
-        "resource-limit",
-        "runtime",
-        "tool-definition",
-    ]
+    assert FORBIDDEN_CONTROL_HEADERS == (
+        "x-awf-image",
+        "x-awf-command",
+        "x-awf-executable",
+        "x-awf-mount",
+        "x-awf-path",
+        "x-awf-environment",
+        "x-awf-endpoint",
+        "x-awf-network",
+        "x-awf-proxy",
+        "x-awf-credential",
+        "x-awf-timeout",
+        "x-awf-resource-limit",
+        "x-awf-runtime",
+        "x-awf-tool-definition",
+    )
+    assert len(policy.AGENT_FORBIDDEN_CONTROLS) == len(FORBIDDEN_CONTROL_HEADERS)
 
 
 @pytest.mark.parametrize(
@@ -254,3 +256,70 @@ def test_nothing_but_our_own_error(hdrs: list[tuple[bytes, bytes]], body: bytes)
     awf = sorted(n.lower() for n, _ in hdrs if n.lower().startswith(b"x-awf-"))
     assert awf == [b"x-awf-agent-version", b"x-awf-repo", b"x-awf-schema-b64"]
     assert request.task.encode() == body
+
+
+# -- the object form (spec 15.3's table: privateRepo, schema, task) -------------------
+
+
+def _obj(**extra: object) -> dict[str, object]:
+    return {
+        "privateRepo": "octo/private",
+        "schema": {"type": "enum", "values": ["yes", "no"]},
+        "task": "Is it?",
+        **extra,
+    }
+
+
+def _obj_refused(obj: object) -> str:
+    with pytest.raises(RequestError) as caught:
+        parse_agent_request(obj, max_task_bytes=LIMIT)
+    return str(caught.value)
+
+
+def test_the_object_form_builds_the_same_request() -> None:
+    request = parse_agent_request(_obj(), max_task_bytes=LIMIT)
+    assert request.private_repo == "octo/private"
+    assert request.task == "Is it?"
+    assert request.schema_text == '{"type":"enum","values":["yes","no"]}'
+    wire = parse(headers(schema=request.schema_text.encode()), b"Is it?")
+    assert wire == request
+
+
+@pytest.mark.parametrize("control", policy.AGENT_FORBIDDEN_CONTROLS)
+@pytest.mark.parametrize("spelling", [str, str.lower, str.upper])
+def test_each_named_control_key_is_refused_by_name(control: str, spelling: object) -> None:
+    assert callable(spelling)
+    assert CONTROL in _obj_refused(_obj(**{spelling(control): "x"}))
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        _obj(model="opus"),
+        _obj(script="print(1)"),
+        {"privateRepo": "octo/private", "task": "x"},
+        {k: v for k, v in _obj().items() if k != "task"},
+        [],
+        "task",
+    ],
+)
+def test_the_object_form_refuses_unknown_and_missing_keys(obj: object) -> None:
+    assert CONTROL not in _obj_refused(obj)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("privateRepo", "octo", "request.privateRepo"),
+        ("privateRepo", 7, "request.privateRepo"),
+        ("task", "", "request.task"),
+        ("task", b"bytes", "request.task"),
+        ("task", "x" * (LIMIT + 1), "request.task"),
+        ("task", "✓" * 22, "request.task"),
+        ("task", "\ud800", "request.task"),
+        ("schema", {"type": "string"}, "schema"),
+        ("schema", '{"type":"boolean"}', "schema"),
+    ],
+)
+def test_the_object_form_locates_bad_values(field: str, value: object, where: str) -> None:
+    assert _obj_refused(_obj(**{field: value})).startswith(where)
