@@ -480,8 +480,13 @@ def encode_config(config: BrokerConfig) -> dict[str, object]:
         "image": config.image,
         "dockerHost": config.docker_host,
         "hostPathMap": dict(config.host_path_map),
-        "subsystem": config.subsystem,
-        **({} if config.enclave is None else {"enclave": _encode_enclave(config.enclave)}),
+        # A query broker's document is unchanged by the second subsystem
+        # (``subsystem`` defaults to bounded-query); an agent broker's names both.
+        **(
+            {}
+            if config.enclave is None
+            else {"subsystem": config.subsystem, "enclave": _encode_enclave(config.enclave)}
+        ),
     }
 
 
