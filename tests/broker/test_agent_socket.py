@@ -187,3 +187,32 @@ async def test_the_audit_file_never_names_a_repository(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in data.splitlines()]
     assert {line["_schema"] for line in lines} == {"bounded-agent-audit/v1"}
     assert [line["sensitivity"] for line in lines] == ["internal", None, "sealed", None]
+
+
+def _as_agent_frame(raw: bytes) -> bytes:
+    """A hostile query-frame case re-aimed at the agent frame (the same mutation)."""
+    return raw.replace(b"X-AWF-Query-Version: 2", b"X-AWF-Agent-Version: 1")
+
+
+async def test_the_hostile_corpus_never_reaches_the_enclave_runner(tmp_path: Path) -> None:
+    from tests.broker.test_hostile import CORPUS, GOOD
+
+    config, seed_map = load(agent_doc(tmp_path, max_invocations=10000))
+    runner = FakeEnclaveRunner()
+    server = BrokerServer(config, seed_map, runner, header_timeout_s=1.0)
+    wrong = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        for label, raw in CORPUS:
+            for case in {raw, _as_agent_frame(raw)}:
+                response = await exchange(config.socket_path, case)
+                if response not in (b"", ERROR_RESPONSE):
+                    wrong.append(label)
+        assert runner.calls == []
+        assert server.service is not None
+        assert server.service.accounts.ledger.spent_by_repo() == {}
+        # The one case that is well-formed once re-aimed runs, and the broker still serves.
+        assert await exchange(config.socket_path, _as_agent_frame(GOOD)) == OK_RESPONSE
+        server.stop()
+    assert wrong == []
+    assert [call.task for call in runner.calls] == ["write true"]
