@@ -69,9 +69,9 @@ async def agent(tmp_path: Path) -> AsyncIterator[Agent]:
     journal = JournalFile.open(config.journal_path, config.run_id)
     accounts = Accounts(journal, Ledger(), config.max_invocations, run_sync=run_inline)
     runner = FakeEnclaveRunner()
-    service = Service(
-        config, seed_map, runner, accounts, audit, run_sync=run_inline, subsystem=subsystem
-    )
+    # No subsystem given: the service takes the config's.
+    service = Service(config, seed_map, runner, accounts, audit, run_sync=run_inline)
+    assert service.subsystem.name == policy.SUBSYSTEM_AGENT
     yield Agent(service, runner, config.audit_path)
     accounts.close()
     audit.close()
@@ -268,3 +268,16 @@ async def test_the_agent_audit_holds_only_the_spec_fields(
 async def test_a_raw_request_is_plain_values(agent: Agent) -> None:
     # The pipeline's input type is the transport's plain values, for both subsystems.
     assert isinstance(raw_request(agent_request_bytes("x")), RawRequest)
+
+
+def test_an_agent_service_refuses_a_query_audit_log(tmp_path: Path) -> None:
+    config, seed_map = load(agent_doc(tmp_path))
+    audit = AuditLog(config.audit_path)  # the query record type
+    journal = JournalFile.open(config.journal_path, config.run_id)
+    accounts = Accounts(journal, Ledger(), config.max_invocations, run_sync=run_inline)
+    try:
+        with pytest.raises(ValueError, match="record type"):
+            Service(config, seed_map, FakeEnclaveRunner(), accounts, audit)
+    finally:
+        accounts.close()
+        audit.close()
