@@ -40,3 +40,21 @@ def test_without_an_enclave_runner_the_agent_broker_refuses_to_start(
     monkeypatch.delattr(sandbox, "create_enclave_runner", raising=False)
     assert run_server(tmp_path / "broker.json") == EXIT_REFUSED
     assert '"reason": "runner"' in capsys.readouterr().err
+
+
+def test_an_agent_config_without_enclave_settings_is_refused_with_the_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from bounded_query.broker.__main__ import EXIT_REFUSED, run_server
+
+    doc = agent_doc(tmp_path)
+    del doc["enclave"]
+    (tmp_path / "broker.json").write_text(json.dumps(doc))
+    assert run_server(tmp_path / "broker.json") == EXIT_REFUSED
+    (line,) = capsys.readouterr().err.splitlines()
+    event = json.loads(line)
+    assert event["event"] == "broker-refused"
+    assert event["reason"] == "config"
+    assert event["detail"].startswith("config.enclave: missing")
