@@ -455,8 +455,11 @@ class Service:
             raw: bytes | None = None
             if report is not None and report.failure is None:
                 if self.subsystem.answer_in_report:
-                    # The runner read the result file itself (RunReport.result).
+                    # The runner read the result file itself (RunReport.result),
+                    # with the subsystem's limit; longer is a runner bug: refused.
                     raw = report.result
+                    if raw is not None and len(raw) > self.subsystem.max_answer_bytes:
+                        raw = None
                 else:
                     raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
             result = classify(report, raw, admitted.schema)

@@ -28,6 +28,7 @@ from bounded_query.broker.agent_payload import AgentPayload, encode_agent_payloa
 from bounded_query.broker.audit import AGENT_AUDIT_SCHEMA, AUDIT_SCHEMA
 from bounded_query.broker.config import BrokerConfig
 from bounded_query.broker.protocol import (
+    MAX_RESULT_BYTES,
     MAX_SCRIPT_BYTES,
     AgentRequest,
     Request,
@@ -36,6 +37,7 @@ from bounded_query.broker.protocol import (
     parse_frame,
 )
 from bounded_query.broker.protocol.policy import (
+    ENCLAVE_MAX_OUTPUT_BYTES,
     ENCLAVE_MAX_TASK_BYTES,
     SUBSYSTEM_AGENT,
     SUBSYSTEM_QUERY,
@@ -67,7 +69,9 @@ class Subsystem:
     receives for a launched request; ``max_body_bytes`` bounds what the
     transport reads. ``answer_in_report`` says where the answer is: in
     ``RunReport.result`` (True) or in the workspace's result file, read by
-    the pipeline (False). ``audit_schema`` is the record type of the
+    the pipeline (False); ``max_answer_bytes`` bounds a reported answer
+    again (the runner read it with that limit; a longer one is a runner bug
+    and answers the canonical error). ``audit_schema`` is the record type of the
     broker's audit lines (``audit.py``: an agent's carry only spec 15.5's
     fields).
     """
@@ -77,6 +81,7 @@ class Subsystem:
     parse_frame: Callable[[Sequence[tuple[bytes, bytes]], bytes], Framed]
     payload: Callable[[Framed], bytes]
     answer_in_report: bool = False
+    max_answer_bytes: int = MAX_RESULT_BYTES
     audit_schema: str = AUDIT_SCHEMA
 
 
@@ -103,14 +108,15 @@ def _agent_payload(request: Framed) -> bytes:
     return encode_agent_payload(AgentPayload(request.task, request.schema_text))
 
 
-def agent_subsystem(max_task_bytes: int) -> Subsystem:
+def agent_subsystem(max_task_bytes: int, max_output_bytes: int) -> Subsystem:
     """Bounded agents (spec 15.3): agent frames bounded by the run's ``maxTaskBytes``.
 
     The payload is the task and the schema's text (``agent_payload.py``);
-    the answer comes from the runner's report.
+    the answer comes from the runner's report, at most ``maxOutputBytes``.
 
     Raises:
-        ValueError: ``max_task_bytes`` outside the spec's 1-65536 (a config bug).
+        ValueError: ``max_task_bytes`` outside the spec's 1-65536 or
+            ``max_output_bytes`` outside 1-8192 (a config bug).
     """
 
     def frame(headers: Sequence[tuple[bytes, bytes]], body: bytes) -> Framed:
@@ -119,12 +125,15 @@ def agent_subsystem(max_task_bytes: int) -> Subsystem:
     # The bound is checked now, at start-up, not at the first request.
     if not 1 <= max_task_bytes <= ENCLAVE_MAX_TASK_BYTES:
         raise ValueError(f"max_task_bytes must be 1-{ENCLAVE_MAX_TASK_BYTES}")
+    if not 1 <= max_output_bytes <= ENCLAVE_MAX_OUTPUT_BYTES:
+        raise ValueError(f"max_output_bytes must be 1-{ENCLAVE_MAX_OUTPUT_BYTES}")
     return Subsystem(
         name=SUBSYSTEM_AGENT,
         max_body_bytes=max_task_bytes,
         parse_frame=frame,
         payload=_agent_payload,
         answer_in_report=True,
+        max_answer_bytes=max_output_bytes,
         audit_schema=AGENT_AUDIT_SCHEMA,
     )
 
@@ -133,5 +142,5 @@ def subsystem_for(config: BrokerConfig) -> Subsystem:
     """The subsystem a broker with ``config`` serves (trusted configuration only)."""
     if config.subsystem == SUBSYSTEM_AGENT:
         assert config.enclave is not None  # parse_config requires it
-        return agent_subsystem(config.enclave.max_task_bytes)
+        return agent_subsystem(config.enclave.max_task_bytes, config.enclave.max_output_bytes)
     return BOUNDED_QUERY

@@ -281,3 +281,38 @@ def test_an_agent_service_refuses_a_query_audit_log(tmp_path: Path) -> None:
     finally:
         accounts.close()
         audit.close()
+
+
+async def test_a_reported_answer_longer_than_max_output_bytes_is_refused(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # The runner reads with maxOutputBytes; a longer report is a runner bug: fail closed.
+    config, seed_map = load(agent_doc(tmp_path, maxOutputBytes=8))
+    audit = AuditLog(config.audit_path, schema=subsystem_for(config).audit_schema)
+    journal = JournalFile.open(config.journal_path, config.run_id)
+    accounts = Accounts(journal, Ledger(), config.max_invocations, run_sync=run_inline)
+    runner = FakeEnclaveRunner()
+    agent = Agent(
+        Service(config, seed_map, runner, accounts, audit, run_sync=run_inline),
+        runner,
+        config.audit_path,
+    )
+    try:
+        assert (await agent.answer(agent_request_bytes("answer " + " " * 4 + "true")))[
+            0
+        ] == OK_TRUE  # 8 bytes
+        assert (await agent.answer(agent_request_bytes("answer " + " " * 5 + "true")))[
+            0
+        ] == ERROR  # 9 bytes
+        assert len(runner.calls) == 2
+    finally:
+        accounts.close()
+        audit.close()
+
+
+@pytest.mark.parametrize(("task", "output"), [(0, 1), (65537, 1), (1, 0), (1, 8193)])
+def test_the_agent_subsystem_refuses_out_of_range_bounds(task: int, output: int) -> None:
+    from bounded_query.broker.subsystem import agent_subsystem
+
+    with pytest.raises(ValueError, match="must be 1-"):
+        agent_subsystem(task, output)
