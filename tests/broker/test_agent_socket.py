@@ -54,19 +54,22 @@ async def _ask(served: Served, raw: bytes) -> tuple[bytes, float]:
     return response, time.monotonic() - start
 
 
-def _landed_on_first_boundary(served: Served) -> bool:
+def _landed_on_a_boundary(served: Served, elapsed: float | None = None) -> bool:
+    """The last lane answer left at a bucket boundary (which one depends on the
+    journal's fsync on a loaded machine; the MockClock tests pin the first)."""
     service = served.server.service
     assert service is not None
     assert service.last_timing is not None
     landing = service.last_timing[2]
-    return landing is not None and landing.boundary_s == BOUNDARIES_S[0]
+    if landing is None or landing.boundary_s not in BOUNDARIES_S:
+        return False
+    return elapsed is None or elapsed >= landing.boundary_s
 
 
 async def test_a_valid_request_is_answered(served: Served) -> None:
     response, elapsed = await _ask(served, agent_request_bytes("Is the seed there?"))
     assert response == OK_RESPONSE
-    assert elapsed >= BOUNDARIES_S[0]
-    assert _landed_on_first_boundary(served)
+    assert _landed_on_a_boundary(served, elapsed)
     assert [call.task for call in served.runner.calls] == ["Is the seed there?"]
 
 
@@ -93,8 +96,7 @@ REFUSED = [
 async def test_refused_in_the_lane_with_no_runner_call(served: Served, raw: bytes) -> None:
     response, elapsed = await _ask(served, raw)
     assert response == ERROR_RESPONSE
-    assert elapsed >= BOUNDARIES_S[0]
-    assert _landed_on_first_boundary(served)
+    assert _landed_on_a_boundary(served, elapsed)
     assert served.runner.calls == []
     # The broker still serves, and the next valid request runs.
     assert (await _ask(served, agent_request_bytes("ok")))[0] == OK_RESPONSE
@@ -123,7 +125,7 @@ async def test_over_budget_is_refused_with_no_runner_call(served: Served) -> Non
     second, _ = await _ask(served, agent_request_bytes("x", repo="octo/confidential"))
     # Byte for byte the error of an unknown repository: the balance is not disclosed.
     assert second == ERROR_RESPONSE
-    assert _landed_on_first_boundary(served)
+    assert _landed_on_a_boundary(served)
     assert len(served.runner.calls) == 1
 
 
@@ -142,7 +144,7 @@ async def test_a_non_conforming_answer_is_the_error_with_the_charge_kept(
     raw = agent_request_bytes(f"answer {answer}", repo="octo/internal", schema=schema)
     response, _ = await _ask(served, raw)
     assert response == ERROR_RESPONSE
-    assert _landed_on_first_boundary(served)
+    assert _landed_on_a_boundary(served)
     assert len(served.runner.calls) == 1
     service = served.server.service
     assert service is not None
