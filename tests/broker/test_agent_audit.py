@@ -12,6 +12,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bounded_query.broker.audit import (
     AGENT_AUDIT_SCHEMA,
@@ -133,3 +135,38 @@ def test_an_unknown_record_type_is_a_local_error(tmp_path: Path) -> None:
         AuditLog(tmp_path / "a.jsonl", schema="bounded-other-audit/v1")
     with pytest.raises(ValueError, match="unknown audit record type"):
         format_record(FULL, "bounded-other-audit/v1")
+
+
+# "zq" occurs in no fixed string of a line (keys, categories, sensitivities).
+_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=4, max_size=20).map(
+    lambda word: "zq" + word
+)
+
+
+@given(
+    repo=_words,
+    detail=_words,
+    kind=st.sampled_from(["boolean", "enum", "object", None]),
+    wall=st.floats(1e9, 2e9),
+    charge=st.none() | st.integers(0, 64),
+    bucket=st.none() | st.sampled_from([10, 100, 1000]),
+    category=st.sampled_from([policy.CATEGORY_OK, policy.CATEGORY_INVALID_OUTPUT]),
+)
+def test_no_field_of_a_record_beyond_the_five_reaches_an_agent_line(
+    repo: str,
+    detail: str,
+    kind: str | None,
+    wall: float,
+    charge: int | None,
+    bucket: int | None,
+    category: str,
+) -> None:
+    record = AuditRecord("ab12", category, "internal", charge, bucket, wall, detail, repo, kind)
+    line = format_record(record, AGENT_AUDIT_SCHEMA)
+    obj = json.loads(line)
+    assert set(obj) == {"_schema", "invocationId", "sensitivity", "charge", "bucketMs"} | {
+        "category"
+    }
+    assert repo.encode() not in line
+    assert detail.encode() not in line
+    _validator().validate(obj)
