@@ -11,7 +11,8 @@ way to select any other runner from configuration.
 
 Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 2 when the broker refuses
 to start (bad config, untrustworthy journal, unusable runtime or paths).
-Diagnostics go to stderr as single JSON lines and never contain request data.
+Diagnostics go to stderr as single JSON lines and never contain request data;
+``broker-ready`` and ``broker-stopped`` name the subsystem served.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ async def _serve_until_signalled(server: BrokerServer) -> None:
             if server.recovery is not None:
                 _event(
                     "broker-ready",
+                    subsystem=server.subsystem.name,
                     tornBytes=server.recovery.torn_bytes,
                     interrupted=len(server.recovery.interrupted),
                     invocations=server.recovery.invocations,
@@ -116,7 +118,7 @@ def run_server(config_path: Path, runner_factory: object = None) -> int:
         else:
             raise
         return EXIT_REFUSED
-    _event("broker-stopped")
+    _event("broker-stopped", subsystem=server.subsystem.name)
     return EXIT_OK
 
 

@@ -103,7 +103,13 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
             side.stop()
     for side in current:
         # The entry point is the shipped run_server: it stopped cleanly.
-        assert side.proc.returncode == 0, stderr_log(side.config).read_text()
+        log = stderr_log(side.config).read_text()
+        assert side.proc.returncode == 0, log
+        # Its operator lines name the subsystem it served.
+        events = [json.loads(line) for line in log.splitlines()]
+        served = {e["event"]: e.get("subsystem") for e in events if "subsystem" in e}
+        expected = f"bounded-{side.name}"
+        assert served == {"broker-ready": expected, "broker-stopped": expected}
 
 
 @pytest.mark.parametrize("spender", ["query", "agent"])
