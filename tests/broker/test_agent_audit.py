@@ -170,3 +170,24 @@ def test_no_field_of_a_record_beyond_the_five_reaches_an_agent_line(
     assert repo.encode() not in line
     assert detail.encode() not in line
     _validator().validate(obj)
+
+
+def test_the_agent_record_schema_names_the_policy_values() -> None:
+    schema = json.loads(schema_path(AGENT_AUDIT_SCHEMA).read_text(encoding="utf-8"))
+    props = schema["properties"]
+    assert props["sensitivity"]["enum"] == [*policy.SENSITIVITIES, None]
+    assert props["_schema"]["const"] == AGENT_AUDIT_SCHEMA
+    categories = [getattr(policy, n) for n in policy.__all__ if n.startswith("CATEGORY_")]
+    validator = _validator()
+    for category in categories:
+        line = {"_schema": AGENT_AUDIT_SCHEMA, "invocationId": "-", "category": category}
+        line |= {"sensitivity": None, "charge": None, "bucketMs": None}
+        line |= {"counts": {"x": 1}, "total": 1, "skipped": 1}
+        validator.validate(line)
+    # A repository, a kind, a detail or a time is never a valid agent line.
+    base = json.loads(format_record(FULL, AGENT_AUDIT_SCHEMA))
+    for extra in ({"repo": "o/r"}, {"kind": "boolean"}, {"detail": "x"}, {"time": 1.0}):
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(base | extra)
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate(base | {"timestamp": "2026-01-01T00:00:00.000Z"})
