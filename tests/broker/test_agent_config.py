@@ -109,6 +109,8 @@ def _drop(key: str):
         (_set("engine", "codex"), "config.enclave.engine"),
         (_set("model", ""), "config.enclave.model"),
         (_set("model", "a model"), "config.enclave.model"),
+        (_set("model", "org/model"), "config.enclave.model"),
+        (_set("model", "https://evil/v1"), "config.enclave.model"),
         (_set("model", 7), "config.enclave.model"),
         (_set("network", "-bad"), "config.enclave.network"),
         (_set("proxyAddress", "::1"), "config.enclave.proxyAddress"),
@@ -168,7 +170,7 @@ _hex = st.binary(min_size=8, max_size=32).map(bytes.hex)
 def enclave_options(draw: st.DrawFn) -> EnclaveOptions:
     return EnclaveOptions(
         engine=draw(st.sampled_from(policy.ENCLAVE_ENGINES)),
-        model=draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,40}", fullmatch=True)),
+        model=draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,40}", fullmatch=True)),
         network=draw(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}", fullmatch=True)),
         proxy_address=str(draw(st.ip_addresses(v=4))),
         proxy_port=draw(st.integers(1, 65535)),
