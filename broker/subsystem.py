@@ -3,12 +3,13 @@
 Theory of operation: bounded queries (spec 14) and bounded agents (spec 15)
 share every step of the pipeline -- the lane, the refusal gate, admission
 and its charge, the journal and accounts, the result check, the buckets,
-the audit -- and differ in three things only: the request frame (its
-headers, and what its body is: a script or a task), the payload the runner
-gets for an invocation, and the runner itself. The first two are this
-descriptor; the runner is injected next to it (``Service``,
-``BrokerServer``). Each subsystem runs its own broker process with its own
-private root, so no state is shared between them.
+the audit -- and differ only in: the request frame (its headers, and what
+its body is: a script or a task), the payload the runner gets for an
+invocation, where the answer is found, which fields the audit may record,
+and the runner itself. All but the runner are this descriptor; the runner
+is injected next to it (``Service``, ``BrokerServer``). Each subsystem runs
+its own broker process with its own private root, so no state is shared
+between them.
 
 Which descriptor a broker serves is trusted configuration only
 (:func:`subsystem_for`: the config's ``subsystem``); the bounded-agent
