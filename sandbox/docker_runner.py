@@ -63,13 +63,13 @@ from .overlay import (
 from .pagecache import PIN_READY, pin_container_body
 from .phases import PhaseClock
 from .prepared_pool import PreparedPool
-from .reconcile import remove_container, remove_labelled, remove_volume
+from .reconcile import remove_container, remove_labelled, remove_labelled_volumes, remove_volume
 from .spec import SCRIPT_FILE_NAME, container_spec, probe_spec, translate_host_path
 from .storage import tmpfs_quota
 
 __all__ = [
     "DockerRunner",
-    "RunOptions",
+    "RunnerOptions",
     "prepare_workspace",
     "private_storage",
     "release_storage",
@@ -101,7 +101,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class RunOptions:
+class RunnerOptions:
     """Benchmark-only knobs; the broker always uses the defaults.
 
     ``entrypoint_args`` are passed to the image's fixed entrypoint (e.g.
@@ -224,14 +224,14 @@ class DockerRunner:
         self,
         settings: RunnerSettings,
         *,
-        options: RunOptions | None = None,
+        options: RunnerOptions | None = None,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
         if settings.runtime not in OCI_RUNTIMES:
             raise ValueError(f"DockerRunner cannot launch runtime {settings.runtime!r}")
         self.settings = settings
         self.oci_runtime = OCI_RUNTIMES[settings.runtime]
-        self.options = options or RunOptions()
+        self.options = options or RunnerOptions()
         self._seccomp = profile_json(self.oci_runtime)
         self._client_factory = client_factory or self._default_client
         self._client: Any = None
@@ -664,14 +664,12 @@ class DockerRunner:
         async with self._view_lock:
             self._views.clear()
             try:
-                found = await self._call(self.api.volumes, filters={"label": label})
+                with trio.CancelScope(shield=True):
+                    volumes = await self._call(remove_labelled_volumes, self.api, label)
             except Exception as exc:
                 raise RunnerUnavailable(f"cannot list query volumes: {exc}") from exc
-            for volume in (found or {}).get("Volumes") or []:
-                with trio.CancelScope(shield=True):
-                    gone = await self._remove_volume(str(volume["Name"]))
-                if not gone:
-                    raise RunnerUnavailable(f"cannot remove query volume {volume['Name']}")
+            if volumes.failed:
+                raise RunnerUnavailable(f"cannot remove query volume {volumes.failed[0]}")
         # the prepared containers and their volumes were among those removed
         await self.prepared.forget_all()
         return removed

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
-from bounded_query.sandbox import DockerRunner, RunOptions, docker_runner, spec
+from bounded_query.sandbox import DockerRunner, RunnerOptions, docker_runner, spec
 from bounded_query.sandbox.storage import tmpfs_quota
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
@@ -56,7 +56,7 @@ def before_issue_9(runner: DockerRunner) -> Iterator[None]:
     allowed = set(old["syscalls"][0]["names"]) | {"fadvise64", "sysinfo"}
     old["syscalls"][0]["names"] = sorted(allowed)
     runner._seccomp = json.dumps(old)
-    runner.options = RunOptions(pin_page_cache=False)
+    runner.options = RunnerOptions(pin_page_cache=False)
     saved_storage = docker_runner.private_storage
     saved_host_config = spec._host_config
 

@@ -61,7 +61,7 @@ from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.broker.timing import BOUNDARIES_S, choose_boundary
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.harness.staging import seeds as staging
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from bounded_query.sandbox import docker_runner as docker_runner_module
 from bounded_query.sandbox import spec as spec_module
 
@@ -425,7 +425,7 @@ async def run_broker(
     ``cold``: then every query starts its own container.
     """
     cfg = RunnerSettings(runtime, secrets.token_hex(16), IMAGE, TIMEOUT_S, MEMORY)
-    runner = DockerRunner(cfg, options=RunOptions(prepared=not cold))
+    runner = DockerRunner(cfg, options=RunnerOptions(prepared=not cold))
     results = {}
     try:
         await runner.reconcile()

@@ -17,7 +17,7 @@ import trio
 
 from bounded_query.broker.mounts import unmount
 from bounded_query.broker.runner import Invocation
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from bounded_query.sandbox.prepared import SlotState
 from tests.sandbox.test_runner_fake import FakeAPI, invocation, make
 
@@ -96,7 +96,7 @@ def _unmount_slots(tmp_path):
 
 
 def prepared_runner(*, limit: int | None = None):
-    runner, _ = make(options=RunOptions(materialize="overlay", pin_page_cache=False))
+    runner, _ = make(options=RunnerOptions(materialize="overlay", pin_page_cache=False))
     api = PreparedAPI()
     runner._client_factory = lambda: api
     runner._client = None

@@ -8,7 +8,7 @@ import pytest
 
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
-from bounded_query.sandbox import DockerRunner, RunOptions, create_runner, sbx_capability_report
+from bounded_query.sandbox import DockerRunner, RunnerOptions, create_runner, sbx_capability_report
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,
@@ -72,7 +72,7 @@ async def run_one(engine, work_root, seed, script, *, options=None, **kw):
 async def test_git_works_and_repo_is_private_and_writable(
     engine, work_root, seed, runtime, materialize
 ):
-    options = RunOptions(materialize=materialize)
+    options = RunnerOptions(materialize=materialize)
     report, answer = await run_one(
         engine, work_root, seed, GIT_AND_WRITE, runtime=runtime, options=options
     )
