@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from bounded_query.harness.configuration.agents import (
     validate_agents,
 )
 from bounded_query.harness.configuration.config import (
+    SCHEMA_PATH,
     ApiTarget,
     BoundedAgentsConfig,
     ConfigError,
@@ -27,6 +30,7 @@ from bounded_query.harness.configuration.config import (
     parse_document,
 )
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: spec 15.2's example, verbatim.
 SPEC_EXAMPLE: dict[str, Any] = {
     "boundedAgents": {
@@ -527,3 +531,68 @@ def test_target_host_rule_is_the_proxys(host):
     else:
         parsed = True
     assert Draft202012Validator(shape).is_valid(host) is parsed is (host in TARGETS_OK)
+
+
+# ------------------------------------------------- one source per fact (the policy)
+
+
+def test_schema_limits_and_names_are_the_policy():
+    schema = json.loads(AGENTS_SCHEMA_PATH.read_text(encoding="utf-8"))
+    props = schema["$defs"]["section"]["properties"]
+
+    def bounds(name: str) -> tuple[int, int]:
+        assert props[name]["type"] == "integer"
+        return props[name]["minimum"], props[name]["maximum"]
+
+    assert bounds("timeout") == (policy.MIN_TIMEOUT_S, policy.MAX_AGENT_TIMEOUT_S)
+    assert bounds("pidsLimit") == (policy.MIN_AGENT_PIDS_LIMIT, policy.MAX_AGENT_PIDS_LIMIT)
+    assert bounds("maxOutputBytes") == (
+        policy.MIN_AGENT_OUTPUT_BYTES,
+        policy.ENCLAVE_MAX_OUTPUT_BYTES,
+    )
+    assert bounds("maxTaskBytes") == (policy.MIN_AGENT_TASK_BYTES, policy.ENCLAVE_MAX_TASK_BYTES)
+    assert bounds("maxInvocations") == (policy.MIN_INVOCATIONS, policy.MAX_INVOCATIONS)
+    assert bounds("maxModelRequests") == (policy.MIN_MODEL_REQUESTS, policy.MAX_MODEL_REQUESTS)
+    assert bounds("maxModelTokens") == (policy.MIN_MODEL_TOKENS, policy.MAX_MODEL_TOKENS)
+    assert tuple(props["runtime"]["enum"]) == policy.RUNTIMES
+    assert tuple(props["engine"]["enum"]) == policy.AGENT_ENGINES
+    assert tuple(props["profile"]["enum"]) == policy.AGENT_PROFILES
+    anchored = "^{}$(?![\\s\\S])".format
+    assert props["model"]["pattern"] == anchored(policy.AGENT_MODEL_PATTERN)
+    assert props["cpuLimit"]["pattern"] == anchored(policy.CPU_LIMIT_PATTERN)
+    assert props["memoryLimit"]["pattern"] == anchored(policy.MEMORY_LIMIT_PATTERN)
+    assert props["tmpfsLimit"]["pattern"] == anchored(policy.MEMORY_LIMIT_PATTERN)
+    assert props["privateRepos"]["maxItems"] == policy.MAX_PRIVATE_REPOS
+    targets = schema["properties"]["apiProxy"]["properties"]["targets"]["properties"]
+    assert set(targets) == set(policy.AGENT_PROVIDER_HOSTS)
+    assert set(policy.AGENT_ENGINE_PROVIDERS) == set(policy.AGENT_ENGINES)
+    assert set(policy.AGENT_ENGINE_PROVIDERS.values()) <= set(policy.AGENT_PROVIDER_HOSTS)
+    # The repository rule is the boundedQueries schema's, verbatim.
+    queries = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))["$defs"]
+    assert schema["$defs"]["slug"] == queries["slug"]
+    assert schema["$defs"]["repoEntry"] == queries["repoEntry"]
+
+
+def test_defaults_satisfy_the_schema_and_the_loader():
+    config = BoundedAgentsConfig()
+    assert policy.MIN_TIMEOUT_S <= config.timeout <= policy.MAX_AGENT_TIMEOUT_S
+    assert config.tmpfs_bytes <= config.memory_bytes
+    assert policy.MIN_AGENT_NANO_CPUS <= config.nano_cpus <= policy.MAX_AGENT_NANO_CPUS
+    assert policy.MIN_AGENT_PIDS_LIMIT <= config.pids_limit <= policy.MAX_AGENT_PIDS_LIMIT
+    assert config.tmpfs_bytes == policy.ENCLAVE_TMPFS_BYTES
+
+
+def test_the_enclave_recipe_pins_the_policys_engine_version():
+    """Shell cannot import the policy: build.sh's pin is checked here."""
+    script = (REPO_ROOT / "sandbox" / "enclave_image" / "build.sh").read_text(encoding="utf-8")
+    for engine, version in policy.ENCLAVE_ENGINE_VERSIONS.items():
+        assert re.search(
+            rf"\n  {engine}\)\n(?:    .*\n)*?    version={re.escape(version)}\n", script
+        )
+    for key in (
+        policy.LABEL_IMAGE_RECIPE,
+        policy.LABEL_IMAGE_ENGINE,
+        policy.LABEL_IMAGE_ENGINE_VERSION,
+    ):
+        assert f'--change "LABEL {key}=' in script
+    assert set(policy.ENCLAVE_ENGINE_VERSIONS) == set(policy.ENCLAVE_ENGINES)
