@@ -153,11 +153,14 @@ def copilot_byok_target(env: Mapping[str, str]) -> ApiTarget:
     scheme, sep, rest = raw.partition("://")
     authority, slash, path = rest.partition("/")
     path = slash + path
+    # The messages never repeat the value: a URL may carry a pasted key.
+    shape = f"{policy.COPILOT_BYOK_BASE_URL} must be an https://HOST[:PORT][/PATH]/v1 URL"
     if not sep or not path.endswith("/v1"):
-        raise ValueError(
-            f"{policy.COPILOT_BYOK_BASE_URL} must be an https://HOST[:PORT][/PATH]/v1 URL"
-        )
-    return parse_api_target(f"{scheme}://{authority}", path.removesuffix("/v1"))
+        raise ValueError(shape)
+    try:
+        return parse_api_target(f"{scheme}://{authority}", path.removesuffix("/v1"))
+    except ValueError:
+        raise ValueError(shape + " (lower-case host, no user info, query or fragment)") from None
 
 
 def agent_api_target(config: BoundedAgentsConfig, env: Mapping[str, str]) -> ApiTarget:
@@ -211,7 +214,9 @@ def _credential_problems(inputs: AgentPreflightInputs) -> list[Problem]:
         problems.append(
             Problem(
                 policy.COPILOT_BYOK_TYPE,
-                f"BYOK provider type {kind!r} is not one the API proxy's copilot route speaks",
+                # Never the value: a pasted key must not reach an event.
+                "the BYOK provider type is missing or not one the API proxy's copilot"
+                f" route speaks ({', '.join(policy.COPILOT_BYOK_TYPES)})",
                 f"export {policy.COPILOT_BYOK_TYPE}={policy.COPILOT_BYOK_TYPES[0]}",
             )
         )
@@ -417,7 +422,7 @@ def _engine_checks(
                 Problem(
                     "API proxy image",
                     f"{APIPROXY_IMAGE} is not present (nothing can be pulled)",
-                    "build it: bounded-query-harness images",
+                    "build it: python3 -m bounded_query.harness.configuration.apiproxy_image",
                 )
             )
         if egress_network is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import secrets
@@ -37,6 +38,8 @@ from bounded_query.harness.configuration.sbx_capability import (
     enclave_sbx_report,
     observe_sbx,
 )
+from bounded_query.harness.records.events import EventSink
+from bounded_query.harness.records.notices import problems_event
 
 #: A credential value no output may ever contain.
 SECRET = "sk-ant-" + secrets.token_hex(16)
@@ -380,3 +383,29 @@ async def test_preflight_refusals_stage_nothing(docker_client, tmp_path, docker_
         no_secret(problems)
     assert sorted(os.listdir(tmp_path)) == before
     assert _probe_leftovers(docker_client, run_id) == []
+
+
+def test_no_refusal_event_carries_a_credential(docker_sock, tmp_path):
+    """Every refusal, as the operator sees it (events), names variables, never values."""
+    stream = io.StringIO()
+    sink = EventSink(stream)
+    env = {
+        "ANTHROPIC_API_KEY": SECRET,
+        "COPILOT_PROVIDER_API_KEY": BYOK_SECRET,
+        "COPILOT_PROVIDER_TYPE": BYOK_SECRET,
+        "COPILOT_PROVIDER_BASE_URL": f"https://{BYOK_SECRET}@gw.example/v1",
+        "DOCKER_HOST": docker_sock,
+    }
+    for config in (
+        dataclasses.replace(CLAUDE, engine="copilot"),
+        dataclasses.replace(CLAUDE, runtime="sbx"),
+        dataclasses.replace(CLAUDE, target=ApiTarget("http", "gw", 80, "")),
+        dataclasses.replace(CLAUDE, private_repos=(), model=""),
+    ):
+        problems = agent_static_problems(inputs(docker_sock, config=config, env=env))
+        assert problems
+        problems_event(sink, "preflight_error", problems)
+    text = stream.getvalue()
+    assert text.count("preflight_error") >= 6
+    assert SECRET not in text
+    assert BYOK_SECRET not in text
