@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from bounded_query.broker.protocol import policy
@@ -596,3 +598,47 @@ def test_the_enclave_recipe_pins_the_policys_engine_version():
     ):
         assert f'--change "LABEL {key}=' in script
     assert set(policy.ENCLAVE_ENGINE_VERSIONS) == set(policy.ENCLAVE_ENGINES)
+
+
+# ------------------------------------------ nothing but our own error (STYLE 10)
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+_KEYS = st.sampled_from(
+    [
+        *json.loads(AGENTS_SCHEMA_PATH.read_text(encoding="utf-8"))["$defs"]["section"][
+            "properties"
+        ],
+        "repo",
+        "sensitivity",
+        "host",
+        "basePath",
+        "x",
+    ]
+)
+_VALUES = st.recursive(
+    _SCALARS
+    | st.sampled_from(["claude", "sbx", "1", "0.5", "64m", "a/b", "internal", "http://h:1"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    section=st.dictionaries(_KEYS, _VALUES, max_size=8) | _VALUES,
+    targets=st.dictionaries(st.sampled_from(["anthropic", "copilot", "x"]), _VALUES, max_size=2),
+    dind=_VALUES,
+)
+def test_any_document_gives_problems_or_a_config_never_an_exception(section, targets, dind):
+    document = {
+        "boundedAgents": section,
+        "apiProxy": {"targets": targets},
+        "container": {"enableDind": dind},
+    }
+    found = problems(document)
+    assert all(p.location and p.message and p.hint for p in found)
+    if not found:
+        config = normalize_agents(document)
+        assert config.target is not None
+        assert config.tmpfs_bytes <= config.memory_bytes
+        assert config.nano_cpus >= policy.MIN_AGENT_NANO_CPUS
