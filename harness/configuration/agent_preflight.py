@@ -408,6 +408,16 @@ def _engine_checks(
     if unreachable:
         return unreachable
     try:
+        recipe = enclave_recipe()
+    except OSError as exc:
+        return [
+            Problem(
+                "enclave image",
+                f"the enclave recipe cannot be read ({exc.strerror}): a broken installation",
+                "reinstall bounded-query",
+            )
+        ]
+    try:
         client = _docker_client(docker_host)
     except Exception as exc:
         return [Problem("DOCKER_HOST", f"cannot connect to {docker_host}: {exc}", "start it")]
@@ -415,7 +425,7 @@ def _engine_checks(
         info = client.info()
         image = policy.ENCLAVE_IMAGES[config.engine]
         problems = enclave_image_problems(
-            config.engine, image, _image_labels(client, image), enclave_recipe()
+            config.engine, image, _image_labels(client, image), recipe
         )
         if _image_labels(client, APIPROXY_IMAGE) is None:
             problems.append(
