@@ -335,15 +335,26 @@ async def test_claude_on_docker_passes_against_the_real_engine(docker_client):
 
 @pytest.mark.engine
 async def test_gvisor_is_refused_where_runsc_cannot_network(docker_client):
-    """This machine's runsc cannot start a networked container: a refusal, never runc."""
+    """This machine's runsc cannot start a networked container: a refusal, never runc.
+
+    (tests/enclave/conftest.py: dockerd 20.10 with Debian's runsc refuses any
+    networked container.) When a runsc that can network arrives, this test
+    fails: then assert the probe passes instead.
+    """
     run_id = secrets.token_hex(16)
     config = dataclasses.replace(CLAUDE, runtime="gvisor")
     problems = await agent_runtime_problems(config, ENGINE_HOST, run_id)
     assert locations(problems) == ["boundedAgents.runtime"]
     assert "never falls back to runc" in problems[0].message
     assert "runsc-net" in problems[0].message
+    # The probe carried the run label: nothing of it is left.
     assert _probe_leftovers(docker_client, run_id) == []
-    assert PROBE_ROLE  # the probe carried the run label: nothing of it is left
+    assert (
+        docker_client.containers.list(
+            all=True, filters={"label": [f"{policy.LABEL_ROLE}={PROBE_ROLE}"]}
+        )
+        == []
+    )
 
 
 @pytest.mark.engine
