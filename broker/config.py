@@ -81,7 +81,7 @@ _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _NETWORK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 #: A model id as providers spell them (``claude-haiku-4-5``, ``gpt-4o-mini``):
 #: the harness's rule for ``boundedAgents.model`` (no ``/``, space or URL).
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_MODEL_NAME = re.compile(policy.AGENT_MODEL_PATTERN)
 
 #: The subsystems one broker process can serve (one per process, spec 15.1).
 SUBSYSTEMS: tuple[str, ...] = (SUBSYSTEM_QUERY, SUBSYSTEM_AGENT)

@@ -112,6 +112,18 @@ def _agent_user(args: argparse.Namespace) -> AgentUser | None:
         raise UsageError(str(exc)) from None
 
 
+def _egress_network(args: argparse.Namespace) -> str | None:
+    raw = getattr(args, "api_proxy_egress_network", None)
+    if raw is None:
+        return None
+    from bounded_query.harness.configuration.agent_preflight import validate_network_name
+
+    try:
+        return validate_network_name(raw)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions:
     if getattr(args, "allow_runc_mixed_sensitivity", False):
         raise UsageError(
@@ -126,6 +138,8 @@ def _run_options(args: argparse.Namespace, agent: tuple[str, ...]) -> RunOptions
         agent_network=getattr(args, "agent_network", AGENT_NETWORK_DEFAULT),
         allow_insecure_server=args.allow_insecure_server_url,
         allow_open_channels=getattr(args, "allow_cross_invocation_channels", False),
+        allow_insecure_api_target=getattr(args, "allow_insecure_api_target", False),
+        api_proxy_egress_network=_egress_network(args),
         config_source=args.config,
         agent=agent,
         seed_sources=parse_seed_sources(args.seed_source),
@@ -256,6 +270,19 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="accept a run whose repositories share the host (more than one runs queries,"
         " one of them metered) while cross-invocation kernel channels stay open (runc,"
         " no root, or no page-cache pin): reported degraded",
+    )
+    parser.add_argument(
+        "--allow-insecure-api-target",
+        action="store_true",
+        help="bounded agents: accept an http://HOST[:PORT] API target (tests, local gateways"
+        " only: the provider credential would travel in clear text)",
+    )
+    parser.add_argument(
+        "--api-proxy-egress-network",
+        default=None,
+        metavar="NAME",
+        help="bounded agents: the API proxy's egress side joins this existing Docker network"
+        " instead of a bridge the harness creates",
     )
     # The former name is refused with a hint (harness/configuration/channel_policy.py).
     parser.add_argument(REMOVED_FLAG, action="store_true", help=argparse.SUPPRESS)

@@ -28,6 +28,7 @@ from bounded_query.broker.apiproxy._limits import (
 from bounded_query.broker.apiproxy._routes import MODEL_IN_PATH, Route, route_for
 from bounded_query.broker.protocol.policy import (
     AGENT_ENGINES,
+    AGENT_MODEL_PATTERN,
     DEFAULT_MAX_MODEL_REQUESTS,
     DEFAULT_MAX_MODEL_TOKENS,
     MAX_MODEL_REQUESTS,
@@ -53,7 +54,7 @@ MAX_CONFIG_FILE_BYTES = 64 * 1024
 
 #: Model names as providers spell them (``claude-sonnet-4-5``, ``gpt-4o-mini``,
 #: ``ft:gpt-4o-mini:org::id``, ``gemini-2.5-flash``); never a ``/``.
-_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_MODEL = re.compile(AGENT_MODEL_PATTERN)
 #: A DNS name or IPv4 literal (lower case), or a bracketed IPv6 literal.
 _HOST = re.compile(r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?|\[[0-9a-f:.]{2,45}\]")
 _BASE_PATH = re.compile(r"(?:/[A-Za-z0-9._~-]+)*")

@@ -485,3 +485,117 @@ AGENT_FORBIDDEN_CONTROLS: tuple[str, ...] = (
     "runtime",
     "toolDefinition",
 )
+
+
+# --- agent-harness: 15.2 boundedAgents bounds, providers, the enclave images' pins ------
+
+__all__ += [
+    "AGENT_CREDENTIAL_VARIABLES",
+    "AGENT_ENGINE_PROVIDERS",
+    "AGENT_MODEL_PATTERN",
+    "AGENT_PROVIDER_HOSTS",
+    "COPILOT_BYOK_BASE_URL",
+    "COPILOT_BYOK_TYPE",
+    "COPILOT_BYOK_TYPES",
+    "CPU_LIMIT_PATTERN",
+    "DOCKER_NETWORK_NAME_PATTERN",
+    "ENCLAVE_ENGINE_VERSIONS",
+    "LABEL_IMAGE_ENGINE",
+    "LABEL_IMAGE_ENGINE_VERSION",
+    "LABEL_IMAGE_RECIPE",
+    "MAX_AGENT_NANO_CPUS",
+    "MAX_AGENT_PIDS_LIMIT",
+    "MAX_CPU_FRACTION_DIGITS",
+    "MAX_CPU_INTEGER_DIGITS",
+    "MIN_AGENT_NANO_CPUS",
+    "MIN_AGENT_OUTPUT_BYTES",
+    "MIN_AGENT_PIDS_LIMIT",
+    "MIN_AGENT_TASK_BYTES",
+    "NANO_CPUS_PER_CPU",
+    "parse_cpu_limit",
+]
+
+#: Bounds of ``pidsLimit`` (Docker ``--pids-limit``; spec 15.2 default
+#: :data:`ENCLAVE_PIDS_LIMIT`). Docker's -1/0 mean "unlimited", so 1 is the
+#: floor; the cap is a sanity bound (an engine needs tens of processes).
+MIN_AGENT_PIDS_LIMIT = 1
+MAX_AGENT_PIDS_LIMIT = 4096
+#: ``cpuLimit`` (Docker ``--cpus``) in nano-CPUs: Docker refuses less than
+#: 0.01 CPU; more than 64 CPUs is a typo on any machine this runs on.
+NANO_CPUS_PER_CPU = 10**9
+MIN_AGENT_NANO_CPUS = 10**7
+MAX_AGENT_NANO_CPUS = 64 * 10**9
+#: At most this many digits before and after the point (nano-CPU precision).
+MAX_CPU_INTEGER_DIGITS = 2
+MAX_CPU_FRACTION_DIGITS = 9
+#: The shape of a ``cpuLimit`` (the schema file's pattern): plain decimal,
+#: no sign, exponent, spaces or leading point.
+CPU_LIMIT_PATTERN = r"[0-9]{1,2}(?:\.[0-9]{1,9})?"
+#: ``maxOutputBytes`` and ``maxTaskBytes`` start at one byte (spec 15.2).
+MIN_AGENT_OUTPUT_BYTES = 1
+MIN_AGENT_TASK_BYTES = 1
+#: The model name the configuration accepts: the API proxy's rule (a plain
+#: provider model name such as ``claude-sonnet-4-5`` or ``gpt-4o-mini``;
+#: no ``/``, space or URL).
+AGENT_MODEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}"
+#: The engine -> the ``apiProxy.targets`` provider its model calls go to,
+#: and each provider's public API (the default target, over https).
+AGENT_ENGINE_PROVIDERS: Mapping[str, str] = MappingProxyType(
+    {"claude": "anthropic", "copilot": "copilot", "codex": "openai", "gemini": "gemini"}
+)
+AGENT_PROVIDER_HOSTS: Mapping[str, str] = MappingProxyType(
+    {
+        "anthropic": "api.anthropic.com",
+        "copilot": "api.githubcopilot.com",
+        "openai": "api.openai.com",
+        "gemini": "generativelanguage.googleapis.com",
+    }
+)
+#: The harness environment's provider credential per engine (read once,
+#: never printed; spec 15.2/issue 18): claude's key; copilot's BYOK key with
+#: its base URL and type, or its GitHub token.
+AGENT_CREDENTIAL_VARIABLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "claude": ("ANTHROPIC_API_KEY",),
+        "copilot": ("COPILOT_PROVIDER_API_KEY", "COPILOT_GITHUB_TOKEN"),
+        "codex": ("OPENAI_API_KEY",),
+        "gemini": ("GEMINI_API_KEY",),
+    }
+)
+#: The copilot BYOK route's companions of ``COPILOT_PROVIDER_API_KEY``, and
+#: the only provider type the proxy's copilot route speaks (OpenAI chat
+#: completions, broker/apiproxy/_routes.py).
+COPILOT_BYOK_BASE_URL = "COPILOT_PROVIDER_BASE_URL"
+COPILOT_BYOK_TYPE = "COPILOT_PROVIDER_TYPE"
+COPILOT_BYOK_TYPES: tuple[str, ...] = ("openai",)
+#: The pinned engine version of each enclave image (the image's
+#: ``bounded-query.engine-version`` label; sandbox/enclave_image/build.sh
+#: pins the same, tests/protocol/test_policy.py ties the two).
+ENCLAVE_ENGINE_VERSIONS: Mapping[str, str] = MappingProxyType({"claude": "2.1.328"})
+#: The enclave images' labels (written by sandbox/enclave_image/build.sh).
+LABEL_IMAGE_RECIPE = "bounded-query.recipe"
+LABEL_IMAGE_ENGINE = "bounded-query.engine"
+LABEL_IMAGE_ENGINE_VERSION = "bounded-query.engine-version"
+#: A Docker network name ``--api-proxy-egress-network`` accepts: dockerd's
+#: own rule for names, bounded.
+DOCKER_NETWORK_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+
+
+def parse_cpu_limit(text: str) -> int:
+    """Parse a Docker ``--cpus`` value (``"1"``, ``"0.5"``, ``"1.25"``) into nano-CPUs.
+
+    Exact decimal arithmetic (no float): at most
+    :data:`MAX_CPU_INTEGER_DIGITS` digits, an optional point and at most
+    :data:`MAX_CPU_FRACTION_DIGITS` more; no sign, exponent or spaces.
+
+    Raises:
+        ValueError: (configuration fault) anything else, or a value outside
+            [:data:`MIN_AGENT_NANO_CPUS`, :data:`MAX_AGENT_NANO_CPUS`] (0.01-64).
+    """
+    if not isinstance(text, str) or re.fullmatch(CPU_LIMIT_PATTERN, text) is None:
+        raise ValueError(f'cpuLimit {text!r}: expected a decimal number of CPUs such as "1"')
+    whole, _, fraction = text.partition(".")
+    value = int(whole) * NANO_CPUS_PER_CPU + int(fraction.ljust(MAX_CPU_FRACTION_DIGITS, "0"))
+    if not MIN_AGENT_NANO_CPUS <= value <= MAX_AGENT_NANO_CPUS:
+        raise ValueError(f"cpuLimit {text!r}: must be between 0.01 and 64")
+    return value

@@ -138,3 +138,24 @@ def ensure_apiproxy_image(
         return recipe
     finally:
         client.close()
+
+
+def main() -> int:
+    """``python3 -m bounded_query.harness.configuration.apiproxy_image``: build the
+    API proxy image for ``$DOCKER_HOST`` (the bounded-agent preflight's fix hint)."""
+    import os
+    import sys
+
+    from bounded_query.harness.configuration.preflight import docker_host_from_env
+
+    try:
+        recipe = ensure_apiproxy_image(docker_host_from_env(os.environ))
+    except ComposeError as exc:
+        sys.stderr.write(f"apiproxy_image: {exc}\n")
+        return 2
+    sys.stderr.write(f"apiproxy_image: {APIPROXY_IMAGE} is ready (recipe {recipe[:12]})\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,5 +1,8 @@
 """Loading, validating and normalizing the ``boundedQueries`` section (spec 14.2).
 
+(The ``boundedAgents`` section, spec 15.2, is checked by ``agents.py`` with
+the same parser and problem format; :func:`load_config` runs both.)
+
 Theory of operation (seed 001, section 2 "Processing Model"): the document is
 read from a file or from standard input (``--config -``); the format comes
 from the extension (``.json``, ``.yaml``/``.yml``), otherwise JSON is tried
@@ -42,6 +45,8 @@ __all__ = [
     "MAX_CONFIG_BYTES",
     "SCHEMA_PATH",
     "SECTION",
+    "ApiTarget",
+    "BoundedAgentsConfig",
     "BoundedQueriesConfig",
     "ConfigError",
     "LoadedConfig",
@@ -50,6 +55,7 @@ __all__ = [
     "load_config",
     "normalize",
     "parse_document",
+    "strict_validator",
     "validate_section",
 ]
 
@@ -134,6 +140,11 @@ class ApiTarget:
     port: int
     base_path: str
 
+    @property
+    def url(self) -> str:
+        """``scheme://host:port[/base/path]``: the API proxy's ``upstream.url`` form."""
+        return f"{self.scheme}://{self.host}:{self.port}{self.base_path}"
+
 
 @dataclass(frozen=True, slots=True)
 class BoundedAgentsConfig:
@@ -166,6 +177,33 @@ class BoundedAgentsConfig:
     def slugs(self) -> tuple[str, ...]:
         """The configured slugs, in configuration order."""
         return tuple(r.repo for r in self.private_repos)
+
+    @property
+    def memory_bytes(self) -> int:
+        """``memoryLimit`` in bytes (memory = memory-swap for the enclave).
+
+        Raises:
+            ValueError: not a valid limit (a loaded configuration always is).
+        """
+        return policy.parse_memory_limit(self.memory_limit)
+
+    @property
+    def tmpfs_bytes(self) -> int:
+        """``tmpfsLimit`` in bytes: the size of each of /tmp and /agent.
+
+        Raises:
+            ValueError: not a valid limit (a loaded configuration always is).
+        """
+        return policy.parse_memory_limit(self.tmpfs_limit)
+
+    @property
+    def nano_cpus(self) -> int:
+        """``cpuLimit`` in nano-CPUs (Docker's ``NanoCpus``).
+
+        Raises:
+            ValueError: not a valid limit (a loaded configuration always is).
+        """
+        return policy.parse_cpu_limit(self.cpu_limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,10 +342,16 @@ _StrictValidator = validators.extend(
 
 
 @cache
-def _validator() -> Any:
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+def strict_validator(path: Path) -> Any:
+    """The validator of the shipped schema at ``path`` (plain integers only: ``30.0``
+    and ``true`` are not integers), checked once."""
+    schema = json.loads(path.read_text(encoding="utf-8"))
     Draft202012Validator.check_schema(schema)
     return _StrictValidator(schema)
+
+
+def _validator() -> Any:
+    return strict_validator(SCHEMA_PATH)
 
 
 def _location(path: Iterable[object]) -> str:
@@ -455,8 +499,11 @@ def load_config(source: str, stdin: IO[bytes] | None = None) -> LoadedConfig:
                 [Problem(source, f"cannot read ({exc.strerror})", "pass an existing readable file")]
             ) from None
     document = parse_document(data, source)
-    problems = validate_section(document)
+    # Lazily: agents.py builds on this module's values.
+    from bounded_query.harness.configuration.agents import normalize_agents, validate_agents
+
+    problems = validate_section(document) + validate_agents(document)
     if problems:
         raise ConfigError(problems)
     config, warnings = normalize(document.get(SECTION))
-    return LoadedConfig(config, tuple(warnings), source)
+    return LoadedConfig(config, tuple(warnings), source, normalize_agents(document))

@@ -13,6 +13,7 @@ itself from the query image, so it needs nothing more here.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,16 @@ from pathlib import Path
 
 from bounded_query.broker.protocol.policy import DEFAULT_AGENT_IMAGE, DEFAULT_IMAGE
 
-__all__ = ["RECIPES", "ImageRecipe", "build_images", "missing_hint", "recipe_script"]
+__all__ = [
+    "ENCLAVE_RECIPE_FILES",
+    "RECIPES",
+    "ImageRecipe",
+    "build_images",
+    "enclave_hint",
+    "enclave_recipe",
+    "missing_hint",
+    "recipe_script",
+]
 
 #: The installed ``bounded_query.sandbox`` package, where the recipes ship.
 _SANDBOX = Path(__file__).resolve().parent.parent.parent / "sandbox"
@@ -45,6 +55,38 @@ RECIPES: tuple[ImageRecipe, ...] = (
 def missing_hint(image: str) -> str:
     """The fix hint for a missing image: the exact command that builds it."""
     return f"build it: bounded-query-harness images (builds {image} from Debian packages)"
+
+
+#: The files whose digest is an enclave image's recipe label, in the order
+#: ``recipe_begin`` (sandbox/image/recipe.sh) hashes them: the build script,
+#: the adapter, then recipe.sh itself.
+ENCLAVE_RECIPE_FILES: tuple[str, ...] = (
+    "enclave_image/build.sh",
+    "enclave_adapter.py",
+    "image/recipe.sh",
+)
+
+
+def enclave_recipe() -> str:
+    """The recipe label an enclave image built from this installation carries (blocking).
+
+    The same digest for every engine (the engine is a build argument and has
+    its own label). An image with another value was built from another
+    adapter or recipe: it must be rebuilt, never used.
+
+    Raises:
+        OSError: a recipe file is missing (a broken installation).
+    """
+    digest = hashlib.sha256()
+    for name in ENCLAVE_RECIPE_FILES:
+        digest.update((_SANDBOX / name).read_bytes())
+    return digest.hexdigest()
+
+
+def enclave_hint(engine: str) -> str:
+    """The fix hint for a missing or stale enclave image: the command that builds it."""
+    script = _SANDBOX / "enclave_image" / "build.sh"
+    return f"build it: bash {script} {engine} (or .ci/build-images)"
 
 
 def recipe_script(recipe: ImageRecipe) -> Path:

@@ -35,7 +35,11 @@ from bounded_query.broker.protocol.policy import (
 )
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
 from bounded_query.harness.configuration.channel_policy import channel_decision
-from bounded_query.harness.configuration.config import BoundedQueriesConfig, Problem
+from bounded_query.harness.configuration.config import (
+    BoundedAgentsConfig,
+    BoundedQueriesConfig,
+    Problem,
+)
 from bounded_query.harness.configuration.images import missing_hint
 from bounded_query.harness.lifecycle.paths import RunPaths, overlap_problems
 from bounded_query.harness.staging.seeds import StagingError, server_url
@@ -75,6 +79,9 @@ class PreflightInputs:
     allow_open_channels: bool = False
     #: The broker can give each invocation its own tmpfs (it runs as root).
     isolated_storage: bool = False
+    #: The ``boundedAgents`` section: a ``--seed-source`` may name its
+    #: repositories too (their own checks: ``agent_preflight.py``).
+    agents: BoundedAgentsConfig = field(default_factory=BoundedAgentsConfig)
 
 
 def docker_host_from_env(env: Mapping[str, str]) -> str:
@@ -189,6 +196,8 @@ def _docker_host_problems(env: Mapping[str, str]) -> list[Problem]:
 def _source_problems(inputs: PreflightInputs) -> list[Problem]:
     problems: list[Problem] = []
     configured = {r.repo.lower() for r in inputs.config.private_repos}
+    if inputs.agents.enabled:
+        configured |= {r.repo.lower() for r in inputs.agents.private_repos}
     for slug, path in sorted(inputs.seed_sources.items()):
         where = f"--seed-source {slug}"
         if slug not in configured:

@@ -91,6 +91,14 @@ class RunOptions:
     #: One human line per answered invocation on stderr (``progress.py``);
     #: None: when stderr is a terminal.
     progress: bool | None = None
+    #: ``--allow-insecure-api-target``: accept an ``http://HOST[:PORT]`` API
+    #: target for the bounded-agent API proxy (tests, local gateways): the
+    #: provider credential then crosses that network in clear text.
+    allow_insecure_api_target: bool = False
+    #: ``--api-proxy-egress-network NAME``: the API proxy's egress side joins
+    #: this existing Docker network instead of a bridge the harness creates
+    #: (checked: a Docker network name, not host/none/the enclave network).
+    api_proxy_egress_network: str | None = None
 
 
 class BrokerHandle(Protocol):

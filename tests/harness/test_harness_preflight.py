@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bounded_query.harness.configuration.config import BoundedQueriesConfig, PrivateRepo
+from bounded_query.harness.configuration.config import (
+    BoundedAgentsConfig,
+    BoundedQueriesConfig,
+    PrivateRepo,
+)
 from bounded_query.harness.configuration.preflight import (
     PreflightInputs,
     runtime_problems,
@@ -155,6 +159,20 @@ def test_seed_source_must_be_configured_and_exist(tmp_path, docker_sock):
     sources = {"octo/gamma": tmp_path, "octo/alpha": tmp_path / "missing"}
     problems = static_problems(make_inputs(tmp_path, docker_sock, seed_sources=sources))
     assert locations(problems) == ["--seed-source octo/alpha", "--seed-source octo/gamma"]
+
+
+def test_a_seed_source_may_name_an_enabled_bounded_agent_repository(tmp_path, docker_sock):
+    sources = {"octo/gamma": tmp_path}
+    agents = BoundedAgentsConfig(enabled=True, private_repos=(PrivateRepo("Octo/Gamma", "sealed"),))
+    assert (
+        static_problems(make_inputs(tmp_path, docker_sock, seed_sources=sources, agents=agents))
+        == []
+    )
+    disabled = BoundedAgentsConfig(private_repos=agents.private_repos)
+    problems = static_problems(
+        make_inputs(tmp_path, docker_sock, seed_sources=sources, agents=disabled)
+    )
+    assert locations(problems) == ["--seed-source octo/gamma"]
 
 
 def test_private_root_overlapping_agent_visible_path_fails(tmp_path, docker_sock):
