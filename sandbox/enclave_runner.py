@@ -210,7 +210,10 @@ class EnclaveRunner:
                 "is not registered with dockerd; see .ci/provision-engine"
             )
         await self._check_image()
-        verdict = await self._topology(self.expected)
+        try:
+            verdict = await self._topology(self.expected)
+        except Exception as exc:
+            raise RunnerUnavailable(f"enclave network {self.options.network!r}: {exc}") from exc
         if not verdict.ok:
             raise RunnerUnavailable(f"{verdict.reason} ({self.options.network})")
         self.expected = ExpectedTopology(
@@ -272,10 +275,17 @@ class EnclaveRunner:
     async def _topology(
         self, expected: ExpectedTopology, also_allowed: frozenset[str] = frozenset()
     ) -> TopologyVerdict:
+        """Inspect the network and judge it (a network the engine does not know is a verdict).
+
+        Raises:
+            Exception: whatever else the engine raised.
+        """
+        import docker.errors
+
         try:
             doc = await self._call(self.api.inspect_network, expected.network)
-        except Exception as exc:
-            return TopologyVerdict(f"enclave network {expected.network!r}: {exc}")
+        except docker.errors.NotFound:
+            return TopologyVerdict(f"enclave network: {expected.network!r} does not exist")
         return topology_verdict(doc, expected, also_allowed)
 
     # -- one invocation ----------------------------------------------------
@@ -340,8 +350,11 @@ class EnclaveRunner:
                 return CATEGORY_ENCLAVE_PROXY
         if not armed.accepted:
             return CATEGORY_ENCLAVE_PROXY
-        with clock("topology"):
-            verdict = await self._topology(self.expected)
+        try:
+            with clock("topology"):
+                verdict = await self._topology(self.expected)
+        except Exception:
+            return CATEGORY_RUNNER_INTERNAL  # the engine's error, not the topology's
         if not verdict.ok:
             return CATEGORY_ENCLAVE_TOPOLOGY
         name, body = enclave_spec(
@@ -369,8 +382,11 @@ class EnclaveRunner:
                 await self._call(self.api.start, container_id)
         except Exception:
             return CATEGORY_LAUNCH_FAILED
-        with clock("topology"):
-            verdict = await self._topology(self.expected, frozenset({container_id}))
+        try:
+            with clock("topology"):
+                verdict = await self._topology(self.expected, frozenset({container_id}))
+        except Exception:
+            return CATEGORY_RUNNER_INTERNAL
         if not verdict.ok:
             return CATEGORY_ENCLAVE_TOPOLOGY  # the caller's removal kills it
         return await self._wait(container_id, phases)
