@@ -11,7 +11,7 @@ families the seccomp profile lets it create; then MARKER on its own line.
 
 ``python3 probe.py --later PROXY_HOST:PORT MODEL OLD_KEY MARKER`` is the
 other mode, for a *later* invocation looking for an earlier one: every path
-under ``/tmp`` and ``/agent``, the task it was given, and the status the API
+under ``/tmp`` and ``/agent``, its task, schema and result files, and the status the API
 proxy answers a model request with the earlier invocation's placeholder
 (``OLD_KEY``) and with its own (``$ANTHROPIC_API_KEY``, the control).
 """
@@ -240,6 +240,8 @@ def later(address: str, model: str, old_key: str) -> dict[str, Any]:
     return {
         "paths": _walk("/tmp") + _walk("/agent"),
         "task": _read("/awf/task.txt"),
+        "schema": _read("/awf/schema.json"),
+        "result": _read("/agent/result.json"),
         "old_key": _model_status(address, model, old_key),
         "own_key": _model_status(address, model, os.environ.get("ANTHROPIC_API_KEY", "")),
     }

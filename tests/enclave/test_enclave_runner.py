@@ -163,16 +163,24 @@ async def test_a_later_invocation_sees_nothing_of_an_earlier_one(
     command = f"python3 probe.py --later {address} {MODEL} {old_key} {marker}"
     proxy_rig.set_script(_script(marker, command))
     seed = proxy_rig.seed({"probe.py": PROBE.read_text()})
-    second = proxy_rig.invocation(runner, seed, "second task", SCHEMA)
+    second = proxy_rig.invocation(runner, seed, "second task", SECOND_SCHEMA)
     report = await runner.run(second)
     assert report.failure is None, runner.last_logs.decode()[-2000:]
     output = proxy_rig.records()[-1]["tool_results"][-1]
     found = json.loads(next(line for line in output.splitlines() if line.startswith("{")))
     assert found["task"] == "second task"
+    assert json.loads(found["schema"]) == SECOND_SCHEMA
+    assert found["result"] == ""  # the earlier answer is not there
     assert not [p for p in found["paths"] if "left" in p], found["paths"]
     assert found["old_key"].split()[1] in ("401", "403"), found["old_key"]
     assert found["own_key"].split()[1] == "200", found["own_key"]  # the control
     assert secret_task not in json.dumps(proxy_rig.records())
+
+
+SECOND_SCHEMA = {
+    "type": "object",
+    "fields": {"found": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 3}},
+}
 
 
 BAD_RESULTS = [
