@@ -68,6 +68,9 @@ FAILURE_CATEGORIES = frozenset(
         "query-oom",  # the kernel OOM-killed the container
         "cleanup-failed",  # a container or the workspace could not be removed
         "runner-internal",  # a bug or an engine error inside the runner
+        # bounded-agent enclaves (sandbox/enclave_runner.py); no enclave was launched:
+        "enclave-topology",  # the enclave network or its API proxy is not as set up
+        "enclave-proxy",  # the API proxy could not be armed, or is not known disarmed
     }
 )
 

@@ -15,6 +15,11 @@ when the arming table refused it (``already-armed``, ``invocation-spent``,
 ``not-armed``, ``wrong-invocation``: a broker bug, reported as such), and
 ``400`` with ``{"ok": false, "outcome": "bad-request"}`` for a malformed
 request. The status never includes the placeholder.
+
+The broker's side (``sandbox/proxy_control.py``) builds its requests with
+:func:`encode_control_request` (the inverse of :func:`parse_control`) and
+reads the answers with :func:`parse_control_answer` (the inverse of
+:func:`encode_control_response`), so the field names live here only.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from bounded_query.broker.apiproxy._arming import Arm, Armed, ArmingState, Disar
 from bounded_query.broker.protocol import JSONError, strict_parse_json
 
 __all__ = [
+    "MAX_CONTROL_ANSWER_BYTES",
     "ArmCommand",
+    "ControlAnswer",
     "ControlCommand",
     "ControlError",
     "DisarmCommand",
@@ -34,10 +41,16 @@ __all__ = [
     "arm_event",
     "bad_request_response",
     "disarm_event",
+    "encode_control_request",
     "encode_control_response",
     "parse_control",
+    "parse_control_answer",
     "status_fields",
 ]
+
+#: An answer is one small JSON object (five fields); anything larger is not
+#: the proxy's.
+MAX_CONTROL_ANSWER_BYTES = 4096
 
 
 class ControlError(ValueError):
@@ -131,3 +144,62 @@ def encode_control_response(result: Step | None, state: ArmingState) -> tuple[in
 def bad_request_response() -> tuple[int, bytes]:
     """(status, body) for a malformed control request."""
     return 400, b'{"ok":false,"outcome":"bad-request"}'
+
+
+def encode_control_request(command: ControlCommand) -> tuple[bytes, bytes, bytes]:
+    """(method, target, body) of ``command``: what :func:`parse_control` parses back."""
+    if isinstance(command, StatusCommand):
+        return b"GET", b"/status", b""
+    if isinstance(command, ArmCommand):
+        doc = {"invocation": command.invocation, "placeholder": command.placeholder}
+        return b"POST", b"/arm", json.dumps(doc, sort_keys=True).encode("ascii")
+    return b"POST", b"/disarm", json.dumps({"invocation": command.invocation}).encode("ascii")
+
+
+@dataclass(frozen=True, slots=True)
+class ControlAnswer:
+    """One answer of the control endpoint, as :func:`encode_control_response` wrote it.
+
+    ``accepted`` is whether the event took effect (HTTP 200); ``armed``,
+    ``invocation`` and ``requests_used`` describe the proxy's state after it.
+    """
+
+    accepted: bool
+    outcome: str
+    armed: bool
+    invocation: str | None
+    requests_used: int
+
+
+def parse_control_answer(status: int, body: bytes) -> ControlAnswer:
+    """Decode one control answer (the broker's side).
+
+    Raises:
+        ControlError: the proxy answered ``400`` (it found our request
+            malformed: a broker bug), or the answer is not one of the shapes
+            :func:`encode_control_response` produces (not the proxy's).
+    """
+    if status == 400:
+        raise ControlError("control: the proxy refused the request as malformed")
+    if status not in (200, 409):
+        raise ControlError(f"control: unexpected status {status}")
+    try:
+        doc = strict_parse_json(body, max_bytes=MAX_CONTROL_ANSWER_BYTES, max_depth=2)
+    except JSONError as exc:
+        raise ControlError(f"control answer: {exc}") from None
+    keys = {"ok", "outcome", "armed", "invocation", "requestsUsed"}
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise ControlError(f"control answer: expected exactly {sorted(keys)}")
+    ok, outcome, armed = doc["ok"], doc["outcome"], doc["armed"]
+    invocation, used = doc["invocation"], doc["requestsUsed"]
+    if not (isinstance(ok, bool) and isinstance(armed, bool) and isinstance(outcome, str)):
+        raise ControlError("control answer: ok and armed are booleans, outcome a string")
+    if ok != (status == 200):
+        raise ControlError("control answer: ok contradicts the status")
+    if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+        raise ControlError("control answer: requestsUsed is a count")
+    if armed and not isinstance(invocation, str):
+        raise ControlError("control answer: an armed proxy names its invocation")
+    if not armed and invocation is not None:
+        raise ControlError("control answer: a disarmed proxy names no invocation")
+    return ControlAnswer(ok, outcome, armed, invocation, used)

@@ -36,6 +36,8 @@ __all__ = [
     "CATEGORY_BUDGET_EXHAUSTED",
     "CATEGORY_CLEANUP_FAILED",
     "CATEGORY_CONNECTION_CAP",
+    "CATEGORY_ENCLAVE_PROXY",
+    "CATEGORY_ENCLAVE_TOPOLOGY",
     "CATEGORY_HALTED",
     "CATEGORY_HALTED_PROTECTION",
     "CATEGORY_HTTP_BODY_TIMEOUT",
@@ -106,6 +108,7 @@ __all__ = [
     "INTERPRETERS",
     "LABEL_AGENT_INVOCATION",
     "LABEL_AGENT_RUN",
+    "LABEL_ENCLAVE_ENGINE",
     "LABEL_INVOCATION",
     "LABEL_OWNER",
     "LABEL_ROLE",
@@ -599,3 +602,20 @@ def parse_cpu_limit(text: str) -> int:
     if not MIN_AGENT_NANO_CPUS <= value <= MAX_AGENT_NANO_CPUS:
         raise ValueError(f"cpuLimit {text!r}: must be between 0.01 and 64")
     return value
+
+
+# --- 15.5/15.6 the enclave runner (sandbox/enclave_runner.py) --------------------------
+
+#: The enclave image's label naming its engine (sandbox/enclave_image/build.sh):
+#: the runner's preflight refuses an image built for another engine.
+LABEL_ENCLAVE_ENGINE = "bounded-query.engine"
+#: Runner failure: the enclave network or the API proxy on it is not as the
+#: run set it up (not internal, the proxy gone or moved, another member), so
+#: no enclave is launched (broker/runner.py FAILURE_CATEGORIES).
+CATEGORY_ENCLAVE_TOPOLOGY = "enclave-topology"
+#: Runner failure: the API proxy could not be armed for the invocation, or
+#: is not known to be disarmed after an earlier one; no enclave is launched.
+CATEGORY_ENCLAVE_PROXY = "enclave-proxy"
+#: Runner failure: the wall-clock timeout ran out and the container was killed
+#: (the query runner's literal in FAILURE_CATEGORIES, named for the enclave runner).
+CATEGORY_TIMEOUT = "query-timeout"

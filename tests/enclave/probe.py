@@ -8,6 +8,12 @@ runs as, its capabilities and seccomp state, what it can write, which
 addresses it can reach (TCP connect to each target; the API proxy is the
 control that must succeed), what name resolution does, and which socket
 families the seccomp profile lets it create; then MARKER on its own line.
+
+``python3 probe.py --later PROXY_HOST:PORT MODEL OLD_KEY MARKER`` is the
+other mode, for a *later* invocation looking for an earlier one: every path
+under ``/tmp`` and ``/agent``, its task, schema and result files, and the status the API
+proxy answers a model request with the earlier invocation's placeholder
+(``OLD_KEY``) and with its own (``$ANTHROPIC_API_KEY``, the control).
 """
 
 from __future__ import annotations
@@ -202,7 +208,50 @@ def probe(targets: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _model_status(address: str, model: str, key: str) -> str:
+    """The status line the proxy answers one small Messages request with."""
+    host, _, port = address.rpartition(":")
+    body = json.dumps(
+        {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    head = (
+        f"POST /v1/messages HTTP/1.1\r\nhost: {address}\r\nx-api-key: {key}\r\n"
+        "anthropic-version: 2023-06-01\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(head + body)
+            data = sock.recv(256)
+    except OSError as exc:
+        return "error:" + errno.errorcode.get(exc.errno or 0, str(exc))
+    return data.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def _walk(top: str) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        found += [os.path.join(dirpath, name) for name in dirnames + filenames]
+    return sorted(found)
+
+
+def later(address: str, model: str, old_key: str) -> dict[str, Any]:
+    """What a later invocation finds of an earlier one (see the module docstring)."""
+    return {
+        "paths": _walk("/tmp") + _walk("/agent"),
+        "task": _read("/awf/task.txt"),
+        "schema": _read("/awf/schema.json"),
+        "result": _read("/agent/result.json"),
+        "old_key": _model_status(address, model, old_key),
+        "own_key": _model_status(address, model, os.environ.get("ANTHROPIC_API_KEY", "")),
+    }
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--later":
+        print(json.dumps(later(argv[1], argv[2], argv[3]), sort_keys=True))
+        print(argv[4])
+        return 0
     targets = json.loads(argv[0])
     print(json.dumps(probe(targets), sort_keys=True))
     print(argv[1])

@@ -59,8 +59,8 @@ def test_identity_entrypoint_and_environment() -> None:
         "ANTHROPIC_API_KEY=" + "ab" * 32,
     ]
     assert body["Labels"] == {
-        policy.LABEL_RUN: SETTINGS.run_id,
-        policy.LABEL_INVOCATION: INVOCATION.invocation_id,
+        policy.LABEL_AGENT_RUN: SETTINGS.run_id,
+        policy.LABEL_AGENT_INVOCATION: INVOCATION.invocation_id,
         policy.LABEL_ROLE: "enclave",
     }
     assert body["StopSignal"] == "SIGKILL"
