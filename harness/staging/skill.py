@@ -18,9 +18,21 @@ from dataclasses import dataclass
 from bounded_query.broker import protocol
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.timing import bucket_label
-from bounded_query.harness.configuration.config import BoundedQueriesConfig
+from bounded_query.harness.configuration.config import (
+    BoundedAgentsConfig,
+    BoundedQueriesConfig,
+    PrivateRepo,
+)
 
-__all__ = ["EXAMPLES", "Example", "charge_of", "render_skill"]
+__all__ = [
+    "AGENT_EXAMPLES",
+    "EXAMPLES",
+    "AgentExample",
+    "Example",
+    "charge_of",
+    "render_agent_skill",
+    "render_skill",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,14 +169,14 @@ def _capacity_text(bits: int | None) -> str:
     )
 
 
-def _repo_section(config: BoundedQueriesConfig) -> list[str]:
+def _repo_section(repos: Sequence[PrivateRepo], note: str = "") -> list[str]:
     lines = [
         "## Repositories",
         "",
-        "Each repository has its own budget for this whole run (it never refills).",
+        "Each repository has its own budget for this whole run (it never refills)." + note,
         "",
     ]
-    for repo in config.private_repos:
+    for repo in repos:
         lines.append(
             f"- `{repo.repo}` — {_budget_text(repo.budget, repo.sensitivity)}:"
             f" {_capacity_text(repo.budget)}"
@@ -172,7 +184,7 @@ def _repo_section(config: BoundedQueriesConfig) -> list[str]:
     return [*lines, ""]
 
 
-def _charge_table(examples: Sequence[Example]) -> list[str]:
+def _charge_table(examples: Sequence[Example | AgentExample]) -> list[str]:
     status = protocol.RESULT_STATUS_BIT_COST
     timing = protocol.TIMING_BUCKET_BITS
     internal = protocol.policy.METERED_BUDGETS["internal"]
@@ -218,6 +230,50 @@ def _examples(first_repo: str) -> list[str]:
             "",
         ]
     return lines
+
+
+def _schema_language(writer: str, limit: str) -> list[str]:
+    """The schema DSL table and its bounds (one text for both skills).
+
+    ``writer`` heads the answer column ("the script writes"); ``limit`` ends
+    the bounds sentence (the request body's own limit).
+    """
+    return [
+        "## The schema language",
+        "",
+        f"| type | schema | {writer} | cardinality |",
+        "|---|---|---|---|",
+        '| const | `{"type":"const","value":L}` | exactly `L` | 1 |',
+        '| boolean | `{"type":"boolean"}` | `true` or `false` | 2 |',
+        '| enum | `{"type":"enum","values":[L,...]}` (distinct, one JSON type)'
+        " | one of the values | number of values |",
+        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M | M - N + 1 |',
+        '| object | `{"type":"object","fields":{"k":S,...}}` (at least one field)'
+        " | an object with every field | product |",
+        '| tuple | `{"type":"tuple","items":[S,...]}` (at least one item)'
+        " | a list, one value per item | product |",
+        '| array | `{"type":"array","items":S,"length":N}` | a list of exactly N values'
+        " | card(S)^N |",
+        '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}` | sum |',
+        "",
+        "`S` is any schema (nesting is allowed). An empty object, tuple, enum or union is",
+        "an invalid schema (a fixed answer is a `const`). A value that does not match the",
+        "schema exactly (a missing field, an extra key, `1.0` for an integer, a value out",
+        "of range) is an error -- and is still charged.",
+        "",
+        "A literal `L` is a string of at most "
+        f"{protocol.MAX_LITERAL_STRING_BYTES} UTF-8 bytes, a safe integer, a boolean or null.",
+        'A union value is `{"tag":"<name>","value":<value>}`. Integers are plain integer',
+        "tokens (`1`; `-0` is `0`; never `1.0`, `1e0` or `-0.0`). Bounds: depth"
+        f" {protocol.MAX_SCHEMA_DEPTH} (the top-level schema is depth 0, so at most"
+        f" {protocol.MAX_SCHEMA_DEPTH} containers nest around a leaf),"
+        f" {protocol.MAX_SCHEMA_NODES} nodes,"
+        f" {protocol.MAX_SCHEMA_BYTES} bytes, {protocol.MAX_ENUM_VALUES} enum values,"
+        f" {protocol.MAX_OBJECT_FIELDS} object fields, {protocol.MAX_TUPLE_ITEMS} tuple items,"
+        f" array length {protocol.MAX_ARRAY_LENGTH}, {protocol.MAX_UNION_VARIANTS} union"
+        f" variants; {limit}.",
+        "",
+    ]
 
 
 def _mcp_section() -> list[str]:
@@ -272,7 +328,7 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "from that repository's run budget, charged before the script runs and never",
         "refunded, whatever the outcome.",
         "",
-        *_repo_section(config),
+        *_repo_section(config.private_repos),
         f"Operational limit: at most **{config.max_invocations}** requests per run, over all",
         "repositories, counting refused ones. Each script may run for at most",
         f"{config.timeout} s with {config.memory_limit} of memory, has no network, and only",
@@ -292,40 +348,10 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "whether the script answers, crashes or times out.",
         "Stdout and stderr of the script are discarded.",
         "",
-        "## The schema language",
-        "",
-        "| type | schema | the script writes | cardinality |",
-        "|---|---|---|---|",
-        '| const | `{"type":"const","value":L}` | exactly `L` | 1 |',
-        '| boolean | `{"type":"boolean"}` | `true` or `false` | 2 |',
-        '| enum | `{"type":"enum","values":[L,...]}` (distinct, one JSON type)'
-        " | one of the values | number of values |",
-        '| integer | `{"type":"integer","minimum":N,"maximum":M}` | an integer N..M | M - N + 1 |',
-        '| object | `{"type":"object","fields":{"k":S,...}}` (at least one field)'
-        " | an object with every field | product |",
-        '| tuple | `{"type":"tuple","items":[S,...]}` (at least one item)'
-        " | a list, one value per item | product |",
-        '| array | `{"type":"array","items":S,"length":N}` | a list of exactly N values'
-        " | card(S)^N |",
-        '| union | `{"type":"union","variants":{"t":S,...}}` | `{"tag":"t","value":<S>}` | sum |',
-        "",
-        "`S` is any schema (nesting is allowed). An empty object, tuple, enum or union is",
-        "an invalid schema (a fixed answer is a `const`). A value that does not match the",
-        "schema exactly (a missing field, an extra key, `1.0` for an integer, a value out",
-        "of range) is an error -- and is still charged.",
-        "",
-        "A literal `L` is a string of at most "
-        f"{protocol.MAX_LITERAL_STRING_BYTES} UTF-8 bytes, a safe integer, a boolean or null.",
-        'A union value is `{"tag":"<name>","value":<value>}`. Integers are plain integer',
-        "tokens (`1`; `-0` is `0`; never `1.0`, `1e0` or `-0.0`). Bounds: depth"
-        f" {protocol.MAX_SCHEMA_DEPTH} (the top-level schema is depth 0, so at most"
-        f" {protocol.MAX_SCHEMA_DEPTH} containers nest around a leaf),"
-        f" {protocol.MAX_SCHEMA_NODES} nodes,"
-        f" {protocol.MAX_SCHEMA_BYTES} bytes, {protocol.MAX_ENUM_VALUES} enum values,"
-        f" {protocol.MAX_OBJECT_FIELDS} object fields, {protocol.MAX_TUPLE_ITEMS} tuple items,"
-        f" array length {protocol.MAX_ARRAY_LENGTH}, {protocol.MAX_UNION_VARIANTS} union"
-        f" variants; scripts up to {protocol.MAX_SCRIPT_BYTES // 1024} KiB.",
-        "",
+        *_schema_language(
+            "the script writes",
+            f"scripts up to {protocol.MAX_SCRIPT_BYTES // 1024} KiB",
+        ),
         "## What a question costs",
         "",
         f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
@@ -366,5 +392,250 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         "## Examples (one per schema kind)",
         "",
         *_examples(first),
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# --- 15.8 the bounded-agent skill ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AgentExample:
+    """A copyable bounded-agent question: a task and its schema."""
+
+    kind: str
+    question: str
+    schema: object
+    task: str
+
+
+AGENT_EXAMPLES: tuple[AgentExample, ...] = (
+    AgentExample(
+        "boolean",
+        "Does the retry loop give up after a timeout?",
+        {"type": "boolean"},
+        "Read the network code (look for the retry loop around outgoing requests).\n"
+        "Answer true if the loop stops retrying once a timeout or deadline passes,\n"
+        "false if it retries without any time limit. If there is no retry loop,\n"
+        "answer false.\n",
+    ),
+    AgentExample(
+        "enum",
+        "Which module owns session expiry?",
+        {"type": "enum", "values": ["auth", "session", "middleware", "none", "unsure"]},
+        "Find the code that decides when a user session expires. Answer with the\n"
+        'top-level module that owns that decision: "auth", "session" or "middleware";\n'
+        '"none" if sessions never expire; "unsure" if you cannot tell.\n',
+    ),
+    AgentExample(
+        "integer",
+        "How many public HTTP endpoints are there (capped at 63)?",
+        {"type": "integer", "minimum": 0, "maximum": 63},
+        "Count the HTTP endpoints the server registers that need no authentication.\n"
+        "Answer the count as an integer, or 63 if there are 63 or more.\n",
+    ),
+    AgentExample(
+        "object",
+        "Is input validated, and how risky is the upload handler?",
+        {
+            "type": "object",
+            "fields": {
+                "validated": {"type": "boolean"},
+                "risk": {"type": "enum", "values": ["low", "medium", "high"]},
+            },
+        },
+        "Review the file-upload handler. validated: true if every field of the\n"
+        "request is checked before use. risk: your judgment of how exploitable the\n"
+        'handler is, "low", "medium" or "high".\n',
+    ),
+    AgentExample(
+        "union",
+        "Is there a hard-coded credential, and if so of which kind?",
+        {
+            "type": "union",
+            "variants": {
+                "none": {"type": "const", "value": None},
+                "found": {"type": "enum", "values": ["password", "api-key", "private-key"]},
+            },
+        },
+        "Search the repository for credentials written into the source or the\n"
+        'configuration. If there is none, answer {"tag":"none","value":null};\n'
+        'otherwise {"tag":"found","value":K} with K the kind of the first one:\n'
+        '"password", "api-key" or "private-key".\n',
+    ),
+)
+
+
+def _agent_examples(first_repo: str) -> list[str]:
+    lines: list[str] = []
+    for example in AGENT_EXAMPLES:
+        card, bits = charge_of(example.schema)
+        lines += [
+            f"### {example.kind}: {example.question}",
+            "",
+            f"Cardinality {card}, charge {bits} bits.",
+            "",
+            "```sh",
+            f"bounded-agent --repo {first_repo} --schema '{_compact(example.schema)}' <<'EOF'",
+            example.task.rstrip("\n"),
+            "EOF",
+            "```",
+            "",
+        ]
+    return lines
+
+
+def _agent_mcp_section() -> list[str]:
+    """The MCP tool and its registration with the bounded-agent variables."""
+    from bounded_query.harness.staging.mcp_config import (
+        AGENT_SERVER_NAME,
+        CONFIG_FILES,
+        render_mcp_config,
+    )
+
+    lines = [
+        "## From an MCP client",
+        "",
+        "`bounded-query-mcp` (next to `bounded-agent` on PATH) lists the tool",
+        "`bounded_agent({repo, schema, task})` whenever `AWF_BOUNDED_AGENT_SOCKET` is set:",
+        "the same answers, charges and limits as the command (the schema is a JSON",
+        "object, sent as compact UTF-8 JSON; the structured result is exactly",
+        '`{"status":"ok","result":...}` or `{"status":"error"}`);',
+        "`bounded_query_cost({schema})` prices a schema. This file is its resource",
+        "`bounded-agent://SKILL.md`. Register it with your client (it forwards the three",
+        "`AWF_BOUNDED_AGENT_*` variables from the client's environment):",
+        "",
+    ]
+    variables = policy.AGENT_SUBSYSTEM_VARIABLES
+    for client, where in CONFIG_FILES.items():
+        language = "toml" if client == "codex" else "json"
+        snippet = render_mcp_config(client, server_name=AGENT_SERVER_NAME, variables=variables)
+        lines += [
+            f"- {client}: {where}",
+            "",
+            f"```{language}",
+            *snippet.rstrip("\n").splitlines(),
+            "```",
+            "",
+        ]
+    return lines
+
+
+def render_agent_skill(config: BoundedAgentsConfig) -> str:
+    """The bounded-agent SKILL.md text for ``config`` (spec 15.8, 15.9).
+
+    Like :func:`render_skill`: every charge is computed by the broker's
+    protocol module and every limit is the configuration's, so the skill
+    cannot drift from what the agent broker enforces.
+    """
+    usable = [r.repo for r in config.private_repos if r.sensitivity != policy.SENSITIVITY_SEALED]
+    first = usable[0] if usable else "owner/repo"
+    buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
+    status = protocol.RESULT_STATUS_BIT_COST
+    timing = protocol.TIMING_BUCKET_BITS
+    floor = charge_of({"type": "const", "value": 0})[1]
+    lines = [
+        "---",
+        "name: bounded-agent",
+        "description: Ask a coding agent a bounded, bit-charged question about a private"
+        " repository you cannot read, through the `bounded-agent` command; the answer is"
+        " one value of a finite schema you declare.",
+        "---",
+        "",
+        "# Bounded agents",
+        "",
+        "You cannot read the repositories below. You can give a task in plain language",
+        f"to a coding agent (the `{config.engine}` engine, model `{config.model}`) that reads",
+        "a read-only copy of one of them in a fresh, single-use sandbox and must reduce",
+        "its work to one value of a *finite* response schema that you declare. You get",
+        "back only that value. Every answer costs bits from that repository's run",
+        "budget, charged before the agent starts and never refunded, whatever the",
+        "outcome.",
+        "",
+        "## Before you ask: the provider sees the code",
+        "",
+        "The agent works by sending repository content (file listings, excerpts, search",
+        f"hits it chooses) to its model provider (`{config.engine}`, model `{config.model}`).",
+        "The bit budget bounds what *you* learn, not what the provider sees: the",
+        "operator has accepted the provider as a recipient of this code. A bounded",
+        "query (`bounded-query`, when it is available) has no network at all.",
+        "",
+        "**Prefer a bounded query** whenever a deterministic script can answer (does a",
+        "file exist, how many tests, which build system, does a string occur): it",
+        "sends nothing to any provider, costs the same bits for the same schema, and",
+        "usually answers in a shorter timing bucket. Use a bounded agent for questions",
+        'that need judgment or multi-step reading ("does the retry loop give up after',
+        'a timeout?", "which module owns session expiry?").',
+        "",
+        *_repo_section(
+            config.private_repos,
+            " It is this subsystem's own: bounded queries draw on a separate budget.",
+        ),
+        f"Operational limits: at most **{config.max_invocations}** requests per run, over all",
+        "repositories, counting refused ones. A task is at most",
+        f"{config.max_task_bytes} bytes of UTF-8 text. Each agent run may take at most",
+        f"{config.timeout} s and at most {config.max_model_requests} model requests; its",
+        f"answer is at most {config.max_output_bytes} bytes of JSON.",
+        "",
+        "## How to ask",
+        "",
+        "```sh",
+        f"bounded-agent --repo {first} --schema '<schema JSON>' < task.txt",
+        "```",
+        "",
+        "The task text (stdin) is given to the agent verbatim, together with your",
+        "schema, and the repository is read-only at its working directory; it can run",
+        "shell commands and read files, nothing else (no network but its model, no",
+        "configuration from the repository). It must end with one JSON value of the",
+        "schema. The command prints exactly one line:",
+        '`{"status":"ok","result":<value>}` or `{"status":"error"}`. An error says',
+        "nothing about why (bad schema, budget exhausted, timeout, an answer that does",
+        "not match the schema all look the same). Once a request is accepted its",
+        "charge is spent, whatever the agent does. The agent's transcript is never",
+        "kept or shown to anyone.",
+        "",
+        "The task is text, never configuration: it cannot add a tool, change the model",
+        "or any limit, or reach anything. Write it so the agent cannot miss the schema:",
+        "say exactly which value means what, and which value to give when it cannot",
+        'tell (an `"unsure"` enum value costs little and beats an error).',
+        "",
+        *_schema_language(
+            "the agent answers",
+            f"tasks up to {config.max_task_bytes} bytes",
+        ),
+        "## What a question costs",
+        "",
+        f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
+        "",
+        f"The cheapest question (a `const`) costs {floor} bits. An answer is released only",
+        f"at the first of the fixed timing buckets ({buckets}) that the",
+        "request (start to cleanup) fits in, so its duration reveals no more than the",
+        f"{timing} timing bits already charged; an agent run takes seconds to minutes, and",
+        f"one that runs past {config.timeout} s is an error. Worked examples (computed by",
+        "the broker's own code):",
+        "",
+        *_charge_table(AGENT_EXAMPLES),
+        "",
+        "## Sizing a question to the budget",
+        "",
+        "Nothing tells you your remaining budget, and a refusal looks like any other",
+        "error: keep your own ledger (budget minus the charge of every request that",
+        "was not refused) and only ask what still fits. Check a schema before",
+        "spending anything with `bounded-query-cost --schema '<schema JSON>'` (local",
+        "and free; the charge is the same for both subsystems).",
+        "",
+        "- Ask for the smallest answer that decides your next step: a boolean or a",
+        "  small enum instead of a count; bucket counts; cap integers.",
+        "- Batch related judgments into one object or tuple: the status and timing",
+        "  bits are paid once.",
+        "- A task, a schema or a repository refused by the command itself (an empty or",
+        f"  oversize task, over {config.max_task_bytes} bytes) never reaches the broker and",
+        "  costs nothing; a refusal by the broker (over budget) costs no bits but",
+        "  counts toward the request limit.",
+        "",
+        *_agent_mcp_section(),
+        "## Examples",
+        "",
+        *_agent_examples(first),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
