@@ -490,6 +490,7 @@ def _agent_mcp_section() -> list[str]:
     from bounded_query.harness.staging.mcp_config import (
         AGENT_SERVER_NAME,
         CONFIG_FILES,
+        SERVER_NAME,
         render_mcp_config,
     )
 
@@ -499,7 +500,7 @@ def _agent_mcp_section() -> list[str]:
         "`bounded-query-mcp` (next to `bounded-agent` on PATH) lists the tool",
         "`bounded_agent({repo, schema, task})` whenever `AWF_BOUNDED_AGENT_SOCKET` is set:",
         "the same answers, charges and limits as the command (the schema is a JSON",
-        "object, sent as compact UTF-8 JSON; the structured result is exactly",
+        "object, sent as compact UTF-8 JSON, or JSON text; the structured result is exactly",
         '`{"status":"ok","result":...}` or `{"status":"error"}`);',
         "`bounded_query_cost({schema})` prices a schema. This file is its resource",
         "`bounded-agent://SKILL.md`. Register it with your client (it forwards the three",
@@ -511,7 +512,7 @@ def _agent_mcp_section() -> list[str]:
         language = "toml" if client == "codex" else "json"
         snippet = render_mcp_config(client, server_name=AGENT_SERVER_NAME, variables=variables)
         lines += [
-            f"- {client}: {where}",
+            f"- {client}: {where.replace(f' {SERVER_NAME} ', f' {AGENT_SERVER_NAME} ')}",
             "",
             f"```{language}",
             *snippet.rstrip("\n").splitlines(),
@@ -555,7 +556,8 @@ def render_agent_skill(config: BoundedAgentsConfig) -> str:
         "## Before you ask: the provider sees the code",
         "",
         "The agent works by sending repository content (file listings, excerpts, search",
-        f"hits it chooses) to its model provider (`{config.engine}`, model `{config.model}`).",
+        f"hits it chooses) to the model provider of the `{config.engine}` engine (model",
+        f"`{config.model}`).",
         "The bit budget bounds what *you* learn, not what the provider sees: the",
         "operator has accepted the provider as a recipient of this code. A bounded",
         "query (`bounded-query`, when it is available) has no network at all.",
