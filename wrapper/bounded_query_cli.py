@@ -46,7 +46,7 @@ be UTF-8; everything else is one code path):
    shapes, byte for byte. Anything else becomes ``{"status":"error"}``.
 
 The protocol's facts (the canonical error body, the schema, script and slug
-limits, the version, the socket variables, the task bound) are not restated
+limits, both frames' versions, the socket variables, the task bound) are not restated
 here: :func:`load_facts` reads them from the ``bq_protocol/`` copy of the
 broker's protocol package that the harness installs next to this file (only
 its two dependency-free modules, ``_constants.py`` and ``policy.py``, so the
@@ -129,9 +129,6 @@ AGENT_LIMITS_VERSION = 1
 #: The limits document is a few dozen bytes; anything larger is not ours.
 MAX_AGENT_LIMITS_BYTES = 4096
 
-#: The agent frame's version (spec 15.3: ``X-AWF-Agent-Version: 1``).
-AGENT_FRAME_VERSION = 1
-
 #: The directory name the harness gives its verbatim copy of broker/protocol/.
 SIBLING_PACKAGE = "bq_protocol"
 
@@ -199,6 +196,7 @@ class Facts:
         self.query_socket_env = str(p.ENV_SOCKET)
         self.agent_socket_env = str(p.ENV_AGENT_SOCKET)
         self.max_task_bytes = int(p.ENCLAVE_MAX_TASK_BYTES)
+        self.agent_version = int(p.AGENT_FRAME_VERSION)
 
 
 def _load_file(name: str, path: str) -> ModuleType:
@@ -356,7 +354,7 @@ def agent_program(facts: Facts, body_limit: int) -> Program:
     return Program(
         AGENT_PROGRAM,
         facts.agent_socket_env,
-        b"X-AWF-Agent-Version: " + str(AGENT_FRAME_VERSION).encode("ascii"),
+        b"X-AWF-Agent-Version: " + str(facts.agent_version).encode("ascii"),
         b"text/plain; charset=utf-8",
         body_limit,
         True,

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 __all__ = [
     "AGENT_ENGINES",
+    "AGENT_FRAME_VERSION",
     "AGENT_PROFILES",
     "AGENT_SUBSYSTEM_VARIABLES",
     "AGENT_VARIABLES",
@@ -457,3 +458,11 @@ ENV_AGENT_SOCKET = "AWF_BOUNDED_AGENT_SOCKET"
 ENV_AGENT_SKILL = "AWF_BOUNDED_AGENT_SKILL"
 ENV_AGENT_REPOS = "AWF_BOUNDED_AGENT_REPOS"
 AGENT_SUBSYSTEM_VARIABLES: tuple[str, ...] = (ENV_AGENT_SOCKET, ENV_AGENT_SKILL, ENV_AGENT_REPOS)
+
+# --- 15.3 / 15.8 agent-wrapper: the agent request frame as the wrapper sends it ------------
+
+#: spec 15.3: the version of the bounded-agent request frame, sent as
+#: ``X-AWF-Agent-Version: 1`` (one version, no negotiation, like the query
+#: frame's ``PROTOCOL_VERSION``). ``bounded-agent`` reads it from its
+#: ``bq_protocol`` copy.
+AGENT_FRAME_VERSION = 1

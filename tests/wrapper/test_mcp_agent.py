@@ -29,6 +29,7 @@ from bounded_query.broker.protocol import policy
 from bounded_query.harness.staging.outputs import install_agent_wrapper_dir
 from bounded_query.wrapper import bounded_query_cli as cli
 from bounded_query.wrapper import bounded_query_mcp as mcp_server
+from tests.conftest import require_python38
 from tests.wrapper.agent_frame import parse_agent_frame
 from tests.wrapper.fakes import (
     DEADLINE_ENV,
@@ -250,6 +251,28 @@ def test_a_repeated_argument_is_refused(tmp_path: Path) -> None:
             assert server.ask(line)["error"]["code"] == -32602
             server.close()
         assert not was_contacted(listener)
+
+
+def test_the_agent_tool_on_a_real_python_3_8(tmp_path: Path) -> None:
+    """The floor: the installed server and its ``bounded-agent`` sibling (with
+    the ``bq_protocol`` facts and the limits file) under a real 3.8."""
+    python38 = require_python38()
+    bin_dir = agent_dir(tmp_path)
+    with recorded_server(Reply([http_reply(OK)])) as broker:
+        env = env_with_agent(tmp_path, broker.path)
+        with raw_server([python38, str(bin_dir / "bounded-query-mcp")], env) as server:
+            handshake(server)
+            tools = server.ask(request(1, "tools/list"))["result"]["tools"]
+            assert [t["name"] for t in tools] == [*NAMES, "bounded_agent"]
+            arguments = {"repo": "octo/alpha", "schema": SCHEMA, "task": TASK}
+            answer = server.ask(call(2, "bounded_agent", arguments))["result"]
+            assert answer["structuredContent"] == json.loads(OK)
+            over = {**arguments, "task": "x" * (LIMIT + 1)}
+            refused = server.ask(call(3, "bounded_agent", over))["result"]
+            assert refused["structuredContent"] == {"status": "error"}
+            _lines, stderr, status = server.close()
+    assert (stderr, status) == (b"", 0)
+    assert broker.requests == [cli.build_agent_request("octo/alpha", SCHEMA_BYTES, TASK.encode())]
 
 
 # --- the official Python SDK ------------------------------------------------------------
