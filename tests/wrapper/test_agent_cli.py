@@ -14,17 +14,19 @@ the console script; a hostile Python environment; a real Python 3.8.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.staging.outputs import install_agent_wrapper_dir
 from bounded_query.wrapper import bounded_query_cli as cli
-from tests.conftest import require_python38
+from tests.conftest import require_engine, require_python38
 from tests.wrapper.agent_frame import FrameError, parse_agent_frame
 from tests.wrapper.fakes import (
     ERROR_LINE,
@@ -414,3 +416,73 @@ def test_runs_on_a_real_python_3_8(installed: Path, tmp_path: Path) -> None:
     direct = [python38, str(installed / "bounded-agent")]
     assert_refused_locally(direct, ARGS, b"x" * (LIMIT + 1))
     assert_refused_locally(direct, ARGS, b"\xff")
+
+
+# --- in a real container -----------------------------------------------------------------
+
+#: The default agent image (Debian's dash and python3, as the agent has them).
+AGENT_IMAGE = "bounded-query-agent:latest"
+TEST_LABEL = "bounded-query.test"
+
+
+@pytest.mark.engine
+def test_bounded_agent_in_the_agent_image(docker_client: Any, installed: Path) -> None:
+    """The installed directory read-only in the agent image, as uid 65534 with
+    hostile ``PYTHON*`` variables: an oversize task is refused without a
+    connection, a good one reaches the fake agent broker (its socket in a
+    bind-mounted directory) as a strict frame, and the answer comes back as
+    the one canonical line."""
+    require_engine()
+    import docker
+
+    try:
+        docker_client.images.get(AGENT_IMAGE)
+    except docker.errors.ImageNotFound:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{AGENT_IMAGE} missing under CI=true (make images builds it)")
+        pytest.skip(f"{AGENT_IMAGE} not built here (make images)")
+    env = {
+        "PYTHONWARNINGS": "bogus",
+        "PYTHONPATH": "/w/bq_protocol",
+        "PYTHONINSPECT": "1",
+        "PYTHONHOME": "/nonexistent",
+        "PATH": "/usr/bin:/bin",
+        AGENT_SOCKET: "/s/broker.sock",
+    }
+    script = (
+        "printf 'x%.0s' $(seq 101) | /w/bounded-agent --repo octo/alpha --schema "
+        + shlex.quote(BOOLEAN)
+        + "; printf %s "
+        + shlex.quote(TASK)
+        + " | /w/bounded-agent --repo octo/alpha --schema "
+        + shlex.quote(BOOLEAN)
+    )
+    with recorded_server(Reply([http_reply(OK)])) as server:
+        directory = os.path.dirname(server.path)
+        os.chmod(directory, 0o755)
+        os.chmod(server.path, 0o777)
+        container = docker_client.containers.create(
+            AGENT_IMAGE,
+            command=["sh", "-c", script],
+            entrypoint=[],
+            environment=env,
+            user="65534:65534",
+            network_mode="none",
+            read_only=True,
+            volumes={
+                str(installed): {"bind": "/w", "mode": "ro"},
+                directory: {"bind": "/s", "mode": "rw"},
+            },
+            labels={TEST_LABEL: "agent-wrapper"},
+        )
+        try:
+            container.start()
+            status = container.wait(timeout=60)["StatusCode"]
+            out = container.logs(stdout=True, stderr=False)
+            err = container.logs(stdout=False, stderr=True)
+        finally:
+            container.remove(force=True)
+    assert (status, out, err) == (0, ERROR_LINE + OK + b"\n", b"")
+    assert len(server.requests) == 1, "the oversize task must not connect"
+    frame = parse_agent_frame(server.requests[0], LIMIT)
+    assert (frame.repo, frame.schema, frame.task) == ("octo/alpha", BOOLEAN.encode(), TASK.encode())
