@@ -9,6 +9,11 @@
   ``bounded-query-mcp`` (verbatim copies, 0555) and
   ``bq_protocol/`` (a verbatim copy of the broker's protocol package, so the
   cost tool computes charges with the very code the broker runs).
+* The bounded-agent subsystem's agent side (spec 15.8), below the agent
+  ingress root, same layout: ``skill/SKILL.md`` (the agent skill) and
+  ``skill/bin`` with ``bounded-agent`` (the same CLI file), the cost tool, the
+  MCP server, ``bq_protocol/`` and ``bounded-agent.json`` (the run's
+  ``maxTaskBytes``): :func:`write_agent_subsystem_side`.
 """
 
 from __future__ import annotations
