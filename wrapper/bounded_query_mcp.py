@@ -996,36 +996,27 @@ class Session:
                 raise RpcError(INTERNAL_ERROR, "the protocol module is not available") from None
             return result_response(request_id, _tool_result(report, modern))
         if name == "bounded_query":
-            args = _arguments(arguments, ("repo", "schema", "script"))
-            repo = _string_arg(args, "repo", 3, MAX_REPO_CHARS)
-            schema_bytes = schema_argument(args["schema"])
-            script_bytes = _utf8(_string_arg(args, "script", 1, MAX_SCRIPT_BYTES))
-            query = self._query
-
-            def work() -> str:
-                if schema_bytes is None or script_bytes is None:
-                    return _CANONICAL_ERROR  # not representable as UTF-8: never sent
-                return query(repo, schema_bytes, script_bytes)
-
-            def finish(text: str) -> bytes:
-                return result_response(request_id, _tool_result(text, modern))
-
-            return Deferred(work, finish)
+            return self._forward(request_id, arguments, modern, "script", self._query)
         if name == "bounded_agent" and self._agent is not None:
-            return self._call_agent(request_id, arguments, modern, self._agent.call)
+            return self._forward(request_id, arguments, modern, "task", self._agent.call)
         raise RpcError(INVALID_PARAMS, "Unknown tool")
 
-    def _call_agent(self, request_id: Any, arguments: Any, modern: bool, call: AgentFn) -> Outcome:
-        """``bounded_agent``: checked like ``bounded_query``, deferred like it."""
-        args = _arguments(arguments, ("repo", "schema", "task"))
+    def _forward(
+        self, request_id: Any, arguments: Any, modern: bool, body: str, send: QueryFn
+    ) -> Outcome:
+        """``bounded_query`` (body ``script``) or ``bounded_agent`` (body ``task``):
+        the closed arguments checked here, the call deferred to ``send`` (the
+        wrapper's ``run`` for that program, which makes the byte checks)."""
+        args = _arguments(arguments, ("repo", "schema", body))
         repo = _string_arg(args, "repo", 3, MAX_REPO_CHARS)
         schema_bytes = schema_argument(args["schema"])
-        task_bytes = _utf8(_string_arg(args, "task", 1, MAX_TASK_BYTES))
+        limit = MAX_SCRIPT_BYTES if body == "script" else MAX_TASK_BYTES
+        body_bytes = _utf8(_string_arg(args, body, 1, limit))
 
         def work() -> str:
-            if schema_bytes is None or task_bytes is None:
+            if schema_bytes is None or body_bytes is None:
                 return _CANONICAL_ERROR  # not representable as UTF-8: never sent
-            return call(repo, schema_bytes, task_bytes)
+            return send(repo, schema_bytes, body_bytes)
 
         def finish(text: str) -> bytes:
             return result_response(request_id, _tool_result(text, modern))

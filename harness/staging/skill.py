@@ -213,23 +213,59 @@ def _cost_tool_sample() -> list[str]:
     return [f"$ bounded-query-cost --schema '{schema}'", *report.rstrip("\n").splitlines()]
 
 
-def _examples(first_repo: str) -> list[str]:
+def _examples(
+    command: str, first_repo: str, examples: Sequence[Example | AgentExample]
+) -> list[str]:
+    """One copyable block per example: ``command`` with the schema, the body
+    (the script or the task) as a here-document, and the example's charge."""
     lines: list[str] = []
-    for example in EXAMPLES:
+    for example in examples:
         card, bits = charge_of(example.schema)
+        body = example.script if isinstance(example, Example) else example.task
         lines += [
             f"### {example.kind}: {example.question}",
             "",
             f"Cardinality {card}, charge {bits} bits.",
             "",
             "```sh",
-            f"bounded-query --repo {first_repo} --schema '{_compact(example.schema)}' <<'EOF'",
-            example.script.rstrip("\n"),
+            f"{command} --repo {first_repo} --schema '{_compact(example.schema)}' <<'EOF'",
+            body.rstrip("\n"),
             "EOF",
             "```",
             "",
         ]
     return lines
+
+
+def _cost_section(
+    subject: str, overrun: str, examples: Sequence[Example | AgentExample]
+) -> list[str]:
+    """The charge formula, the buckets and the worked charge table (both skills).
+
+    ``subject`` names what the bucket measures ("query"); ``overrun`` ends the
+    paragraph (what happens past the timeout).
+    """
+    buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
+    status = protocol.RESULT_STATUS_BIT_COST
+    timing = protocol.TIMING_BUCKET_BITS
+    floor = charge_of({"type": "const", "value": 0})[1]
+    return [
+        "## What a question costs",
+        "",
+        f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
+        "",
+        f"The cheapest question (a `const`) costs {floor} bits. An answer is released only",
+        f"at the first of the fixed timing buckets ({buckets}) that the",
+        f"{subject} (start to cleanup) fits in, so its duration reveals no more than the",
+        f"{timing} timing bits already charged; {overrun}",
+        "",
+        *_charge_table(examples),
+        "",
+        "## Sizing a question to the budget",
+        "",
+        "Nothing tells you your remaining budget, and a refusal looks like any other",
+        "error: keep your own ledger (budget minus the charge of every request that",
+    ]
 
 
 def _schema_language(writer: str, limit: str) -> list[str]:
@@ -278,8 +314,6 @@ def _schema_language(writer: str, limit: str) -> list[str]:
 
 def _mcp_section() -> list[str]:
     """The MCP server and each client's configuration (``mcp_config.py``, one source)."""
-    from bounded_query.harness.staging.mcp_config import CONFIG_FILES, render_mcp_config
-
     lines = [
         "## From an MCP client",
         "",
@@ -292,13 +326,30 @@ def _mcp_section() -> list[str]:
         "variables from the client's environment):",
         "",
     ]
+    return [*lines, *_mcp_snippets()]
+
+
+def _mcp_snippets(
+    server_name: str | None = None, variables: Sequence[str] = policy.AGENT_VARIABLES
+) -> list[str]:
+    """Each client's registration of ``bounded-query-mcp`` (``mcp_config.py``):
+    under ``server_name`` (default: the query subsystem's), forwarding ``variables``."""
+    from bounded_query.harness.staging.mcp_config import (
+        CONFIG_FILES,
+        SERVER_NAME,
+        render_mcp_config,
+    )
+
+    name = server_name or SERVER_NAME
+    lines: list[str] = []
     for client, where in CONFIG_FILES.items():
         language = "toml" if client == "codex" else "json"
+        snippet = render_mcp_config(client, server_name=name, variables=variables)
         lines += [
-            f"- {client}: {where}",
+            f"- {client}: {where.replace(f' {SERVER_NAME} ', f' {name} ')}",
             "",
             f"```{language}",
-            *render_mcp_config(client).rstrip("\n").splitlines(),
+            *snippet.rstrip("\n").splitlines(),
             "```",
             "",
         ]
@@ -309,10 +360,6 @@ def render_skill(config: BoundedQueriesConfig) -> str:
     """The SKILL.md text for ``config`` (spec 14.8)."""
     usable = [r.repo for r in config.private_repos if r.sensitivity != policy.SENSITIVITY_SEALED]
     first = usable[0] if usable else "owner/repo"
-    buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
-    status = protocol.RESULT_STATUS_BIT_COST
-    timing = protocol.TIMING_BUCKET_BITS
-    floor = charge_of({"type": "const", "value": 0})[1]
     lines = [
         "---",
         "name: bounded-queries",
@@ -352,22 +399,12 @@ def render_skill(config: BoundedQueriesConfig) -> str:
             "the script writes",
             f"scripts up to {protocol.MAX_SCRIPT_BYTES // 1024} KiB",
         ),
-        "## What a question costs",
-        "",
-        f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
-        "",
-        f"The cheapest question (a `const`) costs {floor} bits. An answer is released only",
-        f"at the first of the fixed timing buckets ({buckets}) that the",
-        "query (start to cleanup) fits in, so its duration reveals no more than the",
-        f"{timing} timing bits already charged; a script that runs past the timeout is an",
-        "error. Worked examples (computed by the broker's own code):",
-        "",
-        *_charge_table(EXAMPLES),
-        "",
-        "## Sizing a question to the budget",
-        "",
-        "Nothing tells you your remaining budget, and a refusal looks like any other",
-        "error: keep your own ledger (budget minus the charge of every request that",
+        *_cost_section(
+            "query",
+            "a script that runs past the timeout is an\n"
+            "error. Worked examples (computed by the broker's own code):",
+            EXAMPLES,
+        ),
         "was not refused) and only ask what still fits.",
         "",
         "- Check a schema before spending anything with `bounded-query-cost` (local and",
@@ -391,7 +428,7 @@ def render_skill(config: BoundedQueriesConfig) -> str:
         *_mcp_section(),
         "## Examples (one per schema kind)",
         "",
-        *_examples(first),
+        *_examples("bounded-query", first, EXAMPLES),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -466,33 +503,9 @@ AGENT_EXAMPLES: tuple[AgentExample, ...] = (
 )
 
 
-def _agent_examples(first_repo: str) -> list[str]:
-    lines: list[str] = []
-    for example in AGENT_EXAMPLES:
-        card, bits = charge_of(example.schema)
-        lines += [
-            f"### {example.kind}: {example.question}",
-            "",
-            f"Cardinality {card}, charge {bits} bits.",
-            "",
-            "```sh",
-            f"bounded-agent --repo {first_repo} --schema '{_compact(example.schema)}' <<'EOF'",
-            example.task.rstrip("\n"),
-            "EOF",
-            "```",
-            "",
-        ]
-    return lines
-
-
 def _agent_mcp_section() -> list[str]:
     """The MCP tool and its registration with the bounded-agent variables."""
-    from bounded_query.harness.staging.mcp_config import (
-        AGENT_SERVER_NAME,
-        CONFIG_FILES,
-        SERVER_NAME,
-        render_mcp_config,
-    )
+    from bounded_query.harness.staging.mcp_config import AGENT_SERVER_NAME
 
     lines = [
         "## From an MCP client",
@@ -507,19 +520,7 @@ def _agent_mcp_section() -> list[str]:
         "`AWF_BOUNDED_AGENT_*` variables from the client's environment):",
         "",
     ]
-    variables = policy.AGENT_SUBSYSTEM_VARIABLES
-    for client, where in CONFIG_FILES.items():
-        language = "toml" if client == "codex" else "json"
-        snippet = render_mcp_config(client, server_name=AGENT_SERVER_NAME, variables=variables)
-        lines += [
-            f"- {client}: {where.replace(f' {SERVER_NAME} ', f' {AGENT_SERVER_NAME} ')}",
-            "",
-            f"```{language}",
-            *snippet.rstrip("\n").splitlines(),
-            "```",
-            "",
-        ]
-    return lines
+    return [*lines, *_mcp_snippets(AGENT_SERVER_NAME, policy.AGENT_SUBSYSTEM_VARIABLES)]
 
 
 def render_agent_skill(config: BoundedAgentsConfig) -> str:
@@ -531,10 +532,6 @@ def render_agent_skill(config: BoundedAgentsConfig) -> str:
     """
     usable = [r.repo for r in config.private_repos if r.sensitivity != policy.SENSITIVITY_SEALED]
     first = usable[0] if usable else "owner/repo"
-    buckets = ", ".join(bucket_label(ms) for ms in protocol.TIMING_BUCKETS_MS)
-    status = protocol.RESULT_STATUS_BIT_COST
-    timing = protocol.TIMING_BUCKET_BITS
-    floor = charge_of({"type": "const", "value": 0})[1]
     lines = [
         "---",
         "name: bounded-agent",
@@ -605,23 +602,13 @@ def render_agent_skill(config: BoundedAgentsConfig) -> str:
             "the agent answers",
             f"tasks up to {config.max_task_bytes} bytes",
         ),
-        "## What a question costs",
-        "",
-        f"charge = {status} (ok/error) + ceil(log2(cardinality)) + {timing} (timing bucket)",
-        "",
-        f"The cheapest question (a `const`) costs {floor} bits. An answer is released only",
-        f"at the first of the fixed timing buckets ({buckets}) that the",
-        "request (start to cleanup) fits in, so its duration reveals no more than the",
-        f"{timing} timing bits already charged; an agent run takes seconds to minutes, and",
-        f"one that runs past {config.timeout} s is an error. Worked examples (computed by",
-        "the broker's own code):",
-        "",
-        *_charge_table(AGENT_EXAMPLES),
-        "",
-        "## Sizing a question to the budget",
-        "",
-        "Nothing tells you your remaining budget, and a refusal looks like any other",
-        "error: keep your own ledger (budget minus the charge of every request that",
+        *_cost_section(
+            "request",
+            "an agent run takes seconds to minutes, and\n"
+            f"one that runs past {config.timeout} s is an error. Worked examples (computed by\n"
+            "the broker's own code):",
+            AGENT_EXAMPLES,
+        ),
         "was not refused) and only ask what still fits. Check a schema before",
         "spending anything with `bounded-query-cost --schema '<schema JSON>'` (local",
         "and free; the charge is the same for both subsystems).",
@@ -638,6 +625,6 @@ def render_agent_skill(config: BoundedAgentsConfig) -> str:
         *_agent_mcp_section(),
         "## Examples",
         "",
-        *_agent_examples(first),
+        *_examples("bounded-agent", first, AGENT_EXAMPLES),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -77,16 +77,18 @@ def env_for(socket_path: str | None, *, query_socket: str | None = None) -> dict
     return env
 
 
+def run_cli(
+    command: Sequence[str], args: Sequence[str | bytes], env: dict[str, str], **kwargs: Any
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the CLI once as a real process; stdout and stderr captured."""
+    return subprocess.run(
+        [*command, *args], capture_output=True, env=env, timeout=60, check=False, **kwargs
+    )
+
+
 def ask(command: list[str], args: Sequence[str | bytes], task: bytes, socket_path: str) -> bytes:
     """Run once against ``socket_path``; assert the contract; return stdout."""
-    proc = subprocess.run(
-        [*command, *args],
-        input=task,
-        capture_output=True,
-        env=env_for(socket_path),
-        timeout=60,
-        check=False,
-    )
+    proc = run_cli(command, args, env_for(socket_path), input=task)
     assert (proc.stderr, proc.returncode) == (b"", 0)
     return proc.stdout
 
@@ -95,14 +97,8 @@ def assert_refused_locally(
     command: list[str], args: Sequence[str | bytes], task: bytes | None, *, stdin: int | None = None
 ) -> None:
     with silent_listener() as (path, listener):
-        proc = subprocess.run(
-            [*command, *args],
-            input=task if stdin is None else None,
-            stdin=stdin,
-            capture_output=True,
-            env=env_for(path),
-            timeout=60,
-            check=False,
+        proc = run_cli(
+            command, args, env_for(path), input=task if stdin is None else None, stdin=stdin
         )
         contacted = was_contacted(listener)
     assert (proc.stdout, proc.stderr, proc.returncode) == (ERROR_LINE, b"", 0)
@@ -181,13 +177,8 @@ def test_bounded_agent_uses_only_the_agent_socket(installed: Path) -> None:
     """With only the query socket set, the agent program answers the canonical
     error without connecting to it (a task must never reach the query broker)."""
     with silent_listener() as (query_path, listener):
-        proc = subprocess.run(
-            [*agent(installed), *ARGS],
-            input=b"task",
-            capture_output=True,
-            env=env_for(None, query_socket=query_path),
-            timeout=60,
-            check=False,
+        proc = run_cli(
+            agent(installed), ARGS, env_for(None, query_socket=query_path), input=b"task"
         )
         contacted = was_contacted(listener)
     assert (proc.stdout, proc.stderr, proc.returncode) == (ERROR_LINE, b"", 0)
@@ -285,14 +276,7 @@ def test_a_terminal_or_closed_stdin_is_refused_locally(installed: Path) -> None:
 
 
 def test_no_agent_socket_is_the_canonical_error(installed: Path) -> None:
-    proc = subprocess.run(
-        [*agent(installed), *ARGS],
-        input=b"task",
-        capture_output=True,
-        env=env_for(None),
-        timeout=60,
-        check=False,
-    )
+    proc = run_cli(agent(installed), ARGS, env_for(None), input=b"task")
     assert (proc.stdout, proc.stderr, proc.returncode) == (ERROR_LINE, b"", 0)
 
 
@@ -379,14 +363,7 @@ def test_a_hostile_python_environment_changes_nothing(installed: Path, tmp_path:
     env = hostile_environment(tmp_path)
     with recorded_server(Reply([http_reply(OK)])) as server:
         env[AGENT_SOCKET] = server.path
-        proc = subprocess.run(
-            [*agent(installed), *ARGS],
-            input=b"task",
-            capture_output=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        proc = run_cli(agent(installed), ARGS, env, input=b"task")
     assert (proc.stdout, proc.stderr, proc.returncode) == (OK + b"\n", b"", 0)
     assert hostile_code_ran(tmp_path) == []
     assert parse_agent_frame(server.requests[0], LIMIT).task == b"task"
@@ -403,14 +380,7 @@ def test_runs_on_a_real_python_3_8(installed: Path, tmp_path: Path) -> None:
     env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
     with recorded_server(Reply([http_reply(OK)])) as server:
         env[AGENT_SOCKET] = server.path
-        proc = subprocess.run(
-            [*agent(installed), *ARGS],
-            input=TASK.encode(),
-            capture_output=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        proc = run_cli(agent(installed), ARGS, env, input=TASK.encode())
     assert (proc.stdout, proc.stderr, proc.returncode) == (OK + b"\n", b"", 0)
     assert parse_agent_frame(server.requests[0], LIMIT).task == TASK.encode()
     direct = [python38, str(installed / "bounded-agent")]
