@@ -82,6 +82,7 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from types import ModuleType
@@ -295,13 +296,17 @@ def agent_task_limit(here: str, upper: int) -> int:
         InstallationError: the file exists but is unreadable or malformed.
     """
     path = os.path.join(here, AGENT_LIMITS_FILE)
+    # No symlink, and no blocking on a FIFO: only a regular file is read.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return upper
     except OSError:
         raise InstallationError(AGENT_LIMITS_FILE + ": cannot be opened") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InstallationError(AGENT_LIMITS_FILE + ": not a regular file")
         data = os.read(fd, MAX_AGENT_LIMITS_BYTES + 1)
     finally:
         os.close(fd)

@@ -325,6 +325,34 @@ def test_a_limits_symlink_is_not_followed(installed: Path, tmp_path: Path) -> No
     assert_refused_locally(agent(installed), ARGS, b"task")
 
 
+def test_a_limits_fifo_or_directory_fails_closed_without_blocking(installed: Path) -> None:
+    limits = installed / cli.AGENT_LIMITS_FILE
+    limits.unlink()
+    os.mkfifo(limits)
+    assert_refused_locally(agent(installed), ARGS, b"task")
+    limits.unlink()
+    limits.mkdir()
+    assert_refused_locally(agent(installed), ARGS, b"task")
+
+
+@pytest.mark.parametrize(
+    "fact", ["ENCLAVE_MAX_TASK_BYTES", "AGENT_FRAME_VERSION", "ENV_AGENT_SOCKET"]
+)
+def test_a_protocol_copy_without_a_fact_fails_closed(installed: Path, fact: str) -> None:
+    """The facts are read, never guessed: a ``bq_protocol`` copy that lacks one
+    (an older or damaged copy) makes the program answer the canonical error."""
+    policy_file = installed / "bq_protocol" / "policy.py"
+    policy_file.chmod(0o644)
+    text = policy_file.read_text(encoding="utf-8")
+    assert f"\n{fact} = " in text
+    policy_file.write_text(text.replace(f"\n{fact} = ", f"\n_GONE_{fact} = "), encoding="utf-8")
+    assert_refused_locally(agent(installed), ARGS, b"task")
+
+
+def test_an_unknown_program_is_the_canonical_error() -> None:
+    assert cli.run(ARGS, None, {}, "bounded-other") == cli.CANONICAL_ERROR
+
+
 def test_without_a_limits_file_the_specs_bound_applies(installed: Path) -> None:
     """A copy with no ``bounded-agent.json`` (or the console script) refuses only
     what no run could accept (65536 bytes, spec 15.2); the broker judges the rest."""
