@@ -47,6 +47,7 @@ __all__ = [
     "install_wrapper_dir",
     "remove_roots",
     "seed_map_doc",
+    "write_agent_ingress_files",
     "write_agent_side",
     "write_agent_subsystem_side",
     "write_json_private",
@@ -221,6 +222,13 @@ def write_agent_subsystem_side(paths: RunPaths, config: BoundedAgentsConfig) -> 
         create_ingress_root(paths)
     except FileExistsError:
         raise FileExistsError(f"agent ingress root {paths.ingress_root} already exists") from None
+    write_agent_ingress_files(paths, config)
+    _seal(paths.skill_dir)
+
+
+def write_agent_ingress_files(paths: RunPaths, config: BoundedAgentsConfig) -> None:
+    """The agent ingress's files, into a created ingress root (``skill/bin``
+    still writable; the caller seals ``skill/`` afterwards): the wrapper
+    directory (:func:`install_agent_wrapper_dir`) and ``skill/SKILL.md``."""
     install_agent_wrapper_dir(paths.wrapper_dir, config.max_task_bytes)
     paths.skill_file.write_text(render_agent_skill(config), encoding="utf-8")
-    _seal(paths.skill_dir)

@@ -6,7 +6,9 @@ computed with the broker's own protocol module (``parse_schema``,
 ``cardinality``, ``charge``), never written by hand, so the skill cannot
 drift from what the broker debits. The skill names repositories, their
 sensitivity and run budget -- the agent may know those -- but no path of the
-private root.
+private root. The one exception to "pure" is :func:`write_agent_ingress`,
+the run lifecycle's hook for the agent ingress, which delegates to
+``outputs.write_agent_ingress_files``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from bounded_query.harness.configuration.config import (
     BoundedQueriesConfig,
     PrivateRepo,
 )
+from bounded_query.harness.lifecycle.paths import RunPaths
 
 __all__ = [
     "AGENT_EXAMPLES",
@@ -32,6 +35,7 @@ __all__ = [
     "charge_of",
     "render_agent_skill",
     "render_skill",
+    "write_agent_ingress",
 ]
 
 
@@ -628,3 +632,13 @@ def render_agent_skill(config: BoundedAgentsConfig) -> str:
         *_examples("bounded-agent", first, AGENT_EXAMPLES),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_agent_ingress(paths: RunPaths, config: BoundedAgentsConfig) -> None:
+    """The lifecycle's hook (``orchestrate.write_agent_ingress_artifacts``): write
+    the ``bounded-agent`` wrapper directory and this SKILL.md into the created
+    agent ingress root, before the caller seals ``skill/``. I/O lives in
+    ``outputs.py``; this only names it where the hook looks."""
+    from bounded_query.harness.staging.outputs import write_agent_ingress_files
+
+    write_agent_ingress_files(paths, config)

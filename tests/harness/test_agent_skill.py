@@ -220,3 +220,24 @@ def test_the_sealed_ingress_enforces_the_runs_task_limit(tmp_path: Path) -> None
         ]
     assert outs == [ok + b"\n", b'{"status":"error"}\n']
     assert len(server.requests) == 1
+
+
+def test_the_lifecycle_hook_writes_the_same_ingress(tmp_path: Path) -> None:
+    """``skill.write_agent_ingress`` (the hook the run lifecycle looks up) fills a
+    created ingress root exactly as ``write_agent_subsystem_side`` does."""
+    from bounded_query.harness.staging import skill
+    from bounded_query.harness.staging.outputs import create_ingress_root
+
+    hooked = RunPaths(tmp_path / "p1", tmp_path / "hooked")
+    create_ingress_root(hooked)
+    skill.write_agent_ingress(hooked, CONFIG)
+    whole = RunPaths(tmp_path / "p2", tmp_path / "whole")
+    write_agent_subsystem_side(whole, CONFIG)
+
+    def tree(root: Path) -> dict[str, bytes | None]:
+        return {
+            str(path.relative_to(root)): None if path.is_dir() else path.read_bytes()
+            for path in sorted(root.rglob("*"))
+        }
+
+    assert tree(hooked.ingress_root) == tree(whole.ingress_root)

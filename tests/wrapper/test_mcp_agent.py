@@ -179,6 +179,32 @@ def test_with_the_agent_socket_the_tool_asks_the_agent_broker(tmp_path: Path, wh
     assert broker.requests == [cli.build_agent_request("octo/alpha", SCHEMA_BYTES, TASK.encode())]
 
 
+def test_the_agent_ingress_copy_also_serves_bounded_query(tmp_path: Path) -> None:
+    """First on PATH, the agent ingress's server has only ``bounded-agent`` as its
+    sibling: the same file, so ``bounded_query`` still frames the v2 query to
+    the query socket (and a task still goes only to the agent socket)."""
+    with (
+        recorded_server(Reply([http_reply(OK)])) as query_broker,
+        recorded_server(Reply([http_reply(OK)])) as agent_broker,
+    ):
+        env = env_with_agent(tmp_path, agent_broker.path)
+        env[policy.ENV_SOCKET] = query_broker.path
+        with raw_server([str(agent_dir(tmp_path) / "bounded-query-mcp")], env) as server:
+            handshake(server)
+            script = {"repo": "octo/alpha", "schema": SCHEMA, "script": "print(1)\n"}
+            task = {"repo": "octo/alpha", "schema": SCHEMA, "task": TASK}
+            for request_id, (tool, arguments) in enumerate(
+                (("bounded_query", script), ("bounded_agent", task))
+            ):
+                answer = server.ask(call(request_id, tool, arguments))["result"]
+                assert answer["structuredContent"] == json.loads(OK)
+            server.close()
+    assert query_broker.requests == [cli.build_request("octo/alpha", SCHEMA_BYTES, b"print(1)\n")]
+    assert agent_broker.requests == [
+        cli.build_agent_request("octo/alpha", SCHEMA_BYTES, TASK.encode())
+    ]
+
+
 def test_the_stateless_era_lists_and_calls_it_too(tmp_path: Path) -> None:
     with recorded_server(Reply([http_reply(OK)])) as broker:
         env = env_with_agent(tmp_path, broker.path)
