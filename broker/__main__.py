@@ -3,12 +3,16 @@
 Usage: ``bounded-query-broker --config PATH`` (or the environment variable
 ``BOUNDED_QUERY_BROKER_CONFIG``). The config file and the seed map are written
 by the trusted harness; no request can influence either. The sandbox runner
-is built from configuration only (``bounded_query.sandbox.create_runner``);
-there is no way to select any other runner from configuration.
+is built from configuration only: ``bounded_query.sandbox.create_runner``
+for a bounded-query broker, ``create_enclave_runner`` with the config's
+enclave settings for a bounded-agent broker (the config's ``subsystem``;
+spec 15.1: one entry point, one broker process per subsystem); there is no
+way to select any other runner from configuration.
 
 Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 2 when the broker refuses
 to start (bad config, untrustworthy journal, unusable runtime or paths).
-Diagnostics go to stderr as single JSON lines and never contain request data.
+Diagnostics go to stderr as single JSON lines and never contain request data;
+``broker-ready`` and ``broker-stopped`` name the subsystem served.
 """
 
 from __future__ import annotations
@@ -23,8 +27,15 @@ from pathlib import Path
 
 import trio
 
-from bounded_query.broker.config import CONFIG_ENV, ConfigError, load_config, load_seed_map
+from bounded_query.broker.config import (
+    CONFIG_ENV,
+    BrokerConfig,
+    ConfigError,
+    load_config,
+    load_seed_map,
+)
 from bounded_query.broker.journal import JournalCorrupt
+from bounded_query.broker.protocol.policy import SUBSYSTEM_AGENT
 from bounded_query.broker.runner import Runner, RunnerUnavailable
 from bounded_query.broker.server import BrokerServer
 
@@ -60,6 +71,7 @@ async def _serve_until_signalled(server: BrokerServer) -> None:
             if server.recovery is not None:
                 _event(
                     "broker-ready",
+                    subsystem=server.subsystem.name,
                     tornBytes=server.recovery.torn_bytes,
                     interrupted=len(server.recovery.interrupted),
                     invocations=server.recovery.invocations,
@@ -83,10 +95,7 @@ def run_server(config_path: Path, runner_factory: object = None) -> int:
     try:
         runner: Runner
         if runner_factory is None:
-            # Imported lazily: the sandbox pulls in the docker SDK.
-            from bounded_query.sandbox import create_runner
-
-            runner = create_runner(config.runner_settings())
+            runner = _sandbox_runner(config)
         else:
             assert callable(runner_factory)
             runner = runner_factory(config)
@@ -109,8 +118,26 @@ def run_server(config_path: Path, runner_factory: object = None) -> int:
         else:
             raise
         return EXIT_REFUSED
-    _event("broker-stopped")
+    _event("broker-stopped", subsystem=server.subsystem.name)
     return EXIT_OK
+
+
+def _sandbox_runner(config: BrokerConfig) -> Runner:
+    """The runner the config's subsystem and runtime name (nothing else can choose it).
+
+    Imported lazily: the sandbox pulls in the docker SDK. A bounded-agent
+    broker gets the enclave runner with the config's trusted enclave
+    settings; a query broker the query runner.
+    """
+    if config.subsystem == SUBSYSTEM_AGENT:
+        from bounded_query.sandbox import create_enclave_runner  # type: ignore[attr-defined,unused-ignore]
+
+        assert config.enclave is not None  # parse_config requires it
+        agent_runner: Runner = create_enclave_runner(config.runner_settings(), config.enclave)
+        return agent_runner
+    from bounded_query.sandbox import create_runner
+
+    return create_runner(config.runner_settings())
 
 
 def _sole_exception(exc: BaseException) -> BaseException:

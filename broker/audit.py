@@ -58,6 +58,17 @@ however long the flood lasts, and it must never be what breaks the journal:
 
 The decisions are pure (:func:`decide_write`, :class:`RefusalTally`,
 :func:`format_summary`); :class:`AuditLog` only does the I/O.
+
+A bounded-agent broker writes the same log under its own record type,
+``bounded-agent-audit/v1`` (:data:`AGENT_AUDIT_SCHEMA`; the JSON Schema is
+``harness/schemas/bounded-agent-audit.v1.schema.json``), restricted to what
+spec 15.5 allows: an answer's line holds exactly the invocation id, the
+trusted sensitivity class, the charge, the timing bucket and the category
+-- no repository (not even a configured one), no schema kind, no detail, no
+times; a refusal summary holds its counts, the truncation marker its
+``skipped`` count. The restriction is applied here, when a line is
+formatted (:func:`format_record` with ``schema``), so no caller can add a
+field to an agent line. :func:`parse_line` reads both record types.
 """
 
 from __future__ import annotations
@@ -76,6 +87,7 @@ from bounded_query.broker.fdio import write_all
 from bounded_query.broker.protocol import policy
 
 __all__ = [
+    "AGENT_AUDIT_SCHEMA",
     "AUDIT_SCHEMA",
     "FREE_FLOOR_BYTES",
     "MARKER_RESERVE_BYTES",
@@ -100,6 +112,10 @@ __all__ = [
 
 #: Record type and version of every audit line (bump on incompatible change).
 AUDIT_SCHEMA = "bounded-query-audit/v1"
+#: Record type of a bounded-agent broker's lines: only spec 15.5's fields.
+AGENT_AUDIT_SCHEMA = "bounded-agent-audit/v1"
+#: Both record types (what :func:`parse_line` reads).
+AUDIT_SCHEMAS: tuple[str, ...] = (AUDIT_SCHEMA, AGENT_AUDIT_SCHEMA)
 #: Bound of an audit ``detail`` (a protocol error message is well below it).
 MAX_DETAIL_CHARS = 200
 #: Hard cap of the audit file. A counted line is at most ~600 bytes and a run
@@ -153,8 +169,24 @@ def iso_utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _line(obj: dict[str, object], wall: float | None) -> bytes:
-    """One audit line: the type and timestamp first, then ``obj`` (pure but the clock)."""
+#: The keys an agent line may carry besides ``_schema`` (spec 15.5, and the
+#: log's own bookkeeping: summary counts, skipped lines).
+_AGENT_KEYS = frozenset(
+    {"invocationId", "sensitivity", "charge", "bucketMs", "category", "counts", "total", "skipped"}
+)
+
+
+def _line(obj: dict[str, object], wall: float | None, schema: str = AUDIT_SCHEMA) -> bytes:
+    """One audit line: the type and timestamp first, then ``obj`` (pure but the clock).
+
+    An agent line (``schema`` is :data:`AGENT_AUDIT_SCHEMA`) keeps only the
+    keys spec 15.5 allows, and no timestamp.
+    """
+    if schema == AGENT_AUDIT_SCHEMA:
+        kept = {key: value for key, value in obj.items() if key in _AGENT_KEYS}
+        return json.dumps({"_schema": schema, **kept}, separators=(",", ":")).encode() + b"\n"
+    if schema != AUDIT_SCHEMA:
+        raise ValueError(f"unknown audit record type {schema!r}")
     head: dict[str, object] = {
         "_schema": AUDIT_SCHEMA,
         "timestamp": iso_utc(_wall() if wall is None else wall),
@@ -169,8 +201,8 @@ def _with_skipped(line: bytes, skipped: int) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def format_record(record: AuditRecord) -> bytes:
-    """Serialize one record as a JSON line (pure)."""
+def format_record(record: AuditRecord, schema: str = AUDIT_SCHEMA) -> bytes:
+    """Serialize one record as a JSON line of record type ``schema`` (pure)."""
     obj: dict[str, object] = {
         "invocationId": record.invocation_id,
         "repo": record.repo,
@@ -183,7 +215,7 @@ def format_record(record: AuditRecord) -> bytes:
     }
     if record.detail is not None:
         obj["detail"] = sanitize_detail(record.detail)
-    return _line(obj, record.wall_time)
+    return _line(obj, record.wall_time, schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +223,9 @@ class RefusalSummary:
     """Uncounted answers of one window: ``counts`` as sorted (category, n) pairs."""
 
     counts: tuple[tuple[str, int], ...]
-    since: float
-    wall_time: float
+    #: Wall times of the window (None when read from an agent line: it has none).
+    since: float | None
+    wall_time: float | None
 
     def __post_init__(self) -> None:
         if not self.counts or any(n <= 0 for _, n in self.counts):
@@ -204,7 +237,9 @@ class RefusalSummary:
         return sum(n for _, n in self.counts)
 
 
-def _log_line(category: str, wall_time: float, **extra: object) -> bytes:
+def _log_line(
+    category: str, wall_time: float | None, schema: str = AUDIT_SCHEMA, **extra: object
+) -> bytes:
     """A record about the log itself: the keys of a record, no invocation, plus ``extra``."""
     obj: dict[str, object] = {
         "invocationId": "-",
@@ -216,23 +251,24 @@ def _log_line(category: str, wall_time: float, **extra: object) -> bytes:
         "time": wall_time,
         **extra,
     }
-    return _line(obj, wall_time)
+    return _line(obj, wall_time, schema)
 
 
-def format_summary(summary: RefusalSummary) -> bytes:
+def format_summary(summary: RefusalSummary, schema: str = AUDIT_SCHEMA) -> bytes:
     """Serialize a refusal summary as a JSON line (pure); same keys as a record, plus counts."""
     return _log_line(
         policy.CATEGORY_REFUSAL_SUMMARY,
         summary.wall_time,
+        schema,
         since=summary.since,
         counts=dict(summary.counts),
         total=summary.total,
     )
 
 
-def truncation_marker(wall_time: float, skipped: int) -> bytes:
+def truncation_marker(wall_time: float, skipped: int, schema: str = AUDIT_SCHEMA) -> bytes:
     """The record that ends a log at its cap (pure); ``skipped``: lines lost before it."""
-    return _log_line(policy.CATEGORY_AUDIT_TRUNCATED, wall_time, skipped=skipped)
+    return _log_line(policy.CATEGORY_AUDIT_TRUNCATED, wall_time, schema, skipped=skipped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +276,8 @@ class Truncation:
     """The marker that ends a log at its size cap: ``skipped`` lines were not written."""
 
     skipped: int
-    wall_time: float
+    #: None when read from an agent line (it has no times).
+    wall_time: float | None
 
 
 #: One decoded audit line: an answer, a refusal summary, or the truncation marker.
@@ -277,15 +314,17 @@ def parse_line(line: bytes) -> AuditLine | None:
         obj = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(obj, dict) or obj.get("_schema") != AUDIT_SCHEMA:
+    if not isinstance(obj, dict) or obj.get("_schema") not in AUDIT_SCHEMAS:
         return None
+    # An agent line has no times; a query line without them is not ours.
+    timed = obj.get("_schema") == AUDIT_SCHEMA
     category = obj.get("category")
     if not isinstance(category, str):
         return None
     if category == policy.CATEGORY_REFUSAL_SUMMARY:
         counts = obj.get("counts")
         since, wall = _opt_float(obj.get("since")), _opt_float(obj.get("time"))
-        if not isinstance(counts, dict) or since is None or wall is None:
+        if not isinstance(counts, dict) or (timed and (since is None or wall is None)):
             return None
         pairs = tuple(sorted((k, n) for k, n in counts.items() if _opt_int(n) is not None))
         try:
@@ -294,7 +333,7 @@ def parse_line(line: bytes) -> AuditLine | None:
             return None
     if category == policy.CATEGORY_AUDIT_TRUNCATED:
         skipped, wall = _opt_int(obj.get("skipped")), _opt_float(obj.get("time"))
-        if skipped is None or wall is None:
+        if skipped is None or (timed and wall is None):
             return None
         return Truncation(skipped, wall)
     invocation_id = obj.get("invocationId")
@@ -401,7 +440,12 @@ class AuditLog:
         *,
         cap: int = MAX_AUDIT_BYTES,
         floor: int = FREE_FLOOR_BYTES,
+        schema: str = AUDIT_SCHEMA,
     ) -> None:
+        if schema not in AUDIT_SCHEMAS:
+            raise ValueError(f"unknown audit record type {schema!r}")
+        #: The record type of every line (a bounded-agent broker's is restricted).
+        self.schema = schema
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         self._fd = os.open(path, flags, 0o600)
@@ -420,11 +464,11 @@ class AuditLog:
         Raises:
             OSError: the write failed (the caller swallows it).
         """
-        self.write_line(format_record(record))
+        self.write_line(format_record(record, self.schema))
 
     def write_summary(self, summary: RefusalSummary) -> None:
         """Append one refusal summary (same policy as :meth:`write`)."""
-        self.write_line(format_summary(summary))
+        self.write_line(format_summary(summary, self.schema))
 
     def write_line(self, line: bytes) -> None:
         """Append one pre-formatted line under the size policy (:func:`decide_write`)."""
@@ -446,7 +490,7 @@ class AuditLog:
                 return
             if decision is WriteDecision.MARKER:
                 self.truncated = True
-                line = truncation_marker(_wall(), self.skipped + 1)
+                line = truncation_marker(_wall(), self.skipped + 1, self.schema)
                 if self.written + len(line) > self._cap:
                     return
             write_all(self._fd, line)

@@ -10,11 +10,21 @@ Parsing is split as the house style asks: :func:`parse_config` and
 :func:`parse_seed_map` take already-decoded JSON values and return frozen,
 validated values; :func:`load_config` and :func:`load_seed_map` are the thin
 file-reading shells. Every error is a :class:`ConfigError` (an operator
-fault): the broker refuses to start.
+fault) naming the key (``config.enclave.proxyPort: ...``): the broker
+refuses to start.
+
+One config format serves both subsystems (spec 15.1: a sibling broker on
+the same core). ``subsystem`` (default ``bounded-query``) selects the
+request frame and the runner; a ``bounded-agent`` broker also carries the
+trusted enclave settings (``enclave``: :class:`EnclaveOptions`), required
+for it and refused for a query broker, and its runtime must be one an
+enclave can use (``docker`` or ``gvisor``: sbx is capability-blocked,
+spec 15.7).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -23,7 +33,13 @@ from pathlib import Path, PurePosixPath
 
 from bounded_query.broker.protocol import is_valid_slug, policy
 from bounded_query.broker.protocol.policy import (
+    ENCLAVE_ENGINES,
+    ENCLAVE_MAX_OUTPUT_BYTES,
+    ENCLAVE_MAX_TASK_BYTES,
+    ENCLAVE_OCI_RUNTIMES,
+    MAX_AGENT_TIMEOUT_S,
     MAX_INVOCATIONS,
+    MAX_MEMORY_BYTES,
     MAX_TIMEOUT_S,
     MIN_INVOCATIONS,
     MIN_TIMEOUT_S,
@@ -31,12 +47,15 @@ from bounded_query.broker.protocol.policy import (
     RUN_ID_PATTERN,
     RUNTIMES,
     SENSITIVITIES,
+    SUBSYSTEM_AGENT,
+    SUBSYSTEM_QUERY,
     parse_memory_limit,
 )
-from bounded_query.broker.runner import RunnerSettings
+from bounded_query.broker.runner import EnclaveOptions, RunnerSettings
 
 __all__ = [
     "CONFIG_ENV",
+    "SUBSYSTEMS",
     "BrokerConfig",
     "ConfigError",
     "SeedEntry",
@@ -58,6 +77,22 @@ MAX_CONFIG_FILE_BYTES = 1 << 20
 _HEX_RUN_ID = re.compile(RUN_ID_PATTERN)
 _HEX_SEED_ID = re.compile(r"[0-9a-f]{1,128}")
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+#: Docker's network-name rule, bounded (the name is trusted; this catches typos).
+_NETWORK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+#: A model id as providers spell them (``claude-haiku-4-5``, ``gpt-4o-mini``):
+#: the harness's rule for ``boundedAgents.model`` (no ``/``, space or URL).
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+#: The subsystems one broker process can serve (one per process, spec 15.1).
+SUBSYSTEMS: tuple[str, ...] = (SUBSYSTEM_QUERY, SUBSYSTEM_AGENT)
+#: Sanity caps of the enclave's resource settings (not security bounds: the
+#: harness derives them from the operator's section; these catch a broken
+#: writer). 1024 CPUs, the kernel's largest pid_max, and a tmpfs of at least
+#: one page and at most MAX_MEMORY_BYTES.
+MAX_ENCLAVE_NANO_CPUS = 1024 * 10**9
+MAX_ENCLAVE_PIDS = 4 * 1024**2
+MIN_ENCLAVE_TMPFS_BYTES = 4096
+MAX_PORT = 65535
 
 _CONFIG_KEYS = frozenset(
     {
@@ -75,6 +110,23 @@ _CONFIG_KEYS = frozenset(
         "image",
         "dockerHost",
         "hostPathMap",
+        "subsystem",
+        "enclave",
+    }
+)
+_ENCLAVE_KEYS = frozenset(
+    {
+        "engine",
+        "model",
+        "network",
+        "proxyAddress",
+        "proxyPort",
+        "controlSocket",
+        "nanoCpus",
+        "pidsLimit",
+        "tmpfsBytes",
+        "maxOutputBytes",
+        "maxTaskBytes",
     }
 )
 
@@ -101,6 +153,16 @@ class BrokerConfig:
     image: str
     docker_host: str
     host_path_map: tuple[tuple[str, str], ...]
+    #: Which subsystem this broker serves (``subsystem.py``: frame, payload).
+    subsystem: str = SUBSYSTEM_QUERY
+    #: The enclave settings of a bounded-agent broker (None for queries).
+    enclave: EnclaveOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.subsystem not in SUBSYSTEMS:
+            raise ConfigError(f"config.subsystem: expected one of {list(SUBSYSTEMS)}")
+        if (self.subsystem == SUBSYSTEM_AGENT) != (self.enclave is not None):
+            raise ConfigError("config.enclave: required exactly for a bounded-agent broker")
 
     @property
     def journal_path(self) -> Path:
@@ -217,11 +279,28 @@ def parse_config(obj: object) -> BrokerConfig:
     assert isinstance(runtime, str)
     if runtime not in RUNTIMES:
         raise ConfigError(f"config.runtime: expected one of {sorted(RUNTIMES)}")
+    subsystem = obj.get("subsystem", SUBSYSTEM_QUERY)
+    if subsystem not in SUBSYSTEMS:
+        raise ConfigError(f"config.subsystem: expected one of {list(SUBSYSTEMS)}")
+    agent = subsystem == SUBSYSTEM_AGENT
+    enclave: EnclaveOptions | None = None
+    if agent:
+        if "enclave" not in obj:
+            raise ConfigError("config.enclave: missing (required for a bounded-agent broker)")
+        enclave = _parse_enclave(obj["enclave"])
+        if runtime not in ENCLAVE_OCI_RUNTIMES:
+            raise ConfigError(
+                f"config.runtime: an enclave runs on one of {sorted(ENCLAVE_OCI_RUNTIMES)}"
+                " (sbx is capability-blocked, spec 15.7)"
+            )
+    elif "enclave" in obj:
+        raise ConfigError("config.enclave: only a bounded-agent broker has enclave settings")
     timeout = _require(obj, "timeout", int, "config")
     assert isinstance(timeout, int)
-    if not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
+    max_timeout, spec = (MAX_AGENT_TIMEOUT_S, "15.2") if agent else (MAX_TIMEOUT_S, "14.2")
+    if not MIN_TIMEOUT_S <= timeout <= max_timeout:
         raise ConfigError(
-            f"config.timeout: must be {MIN_TIMEOUT_S}-{MAX_TIMEOUT_S} seconds (spec 14.2)"
+            f"config.timeout: must be {MIN_TIMEOUT_S}-{max_timeout} seconds (spec {spec})"
         )
     max_inv = _require(obj, "maxInvocations", int, "config")
     assert isinstance(max_inv, int)
@@ -265,7 +344,83 @@ def parse_config(obj: object) -> BrokerConfig:
         image=image,
         docker_host=docker_host,
         host_path_map=tuple(sorted(pairs)),
+        subsystem=subsystem,
+        enclave=enclave,
     )
+
+
+def _bounded_int(obj: Mapping[str, object], key: str, low: int, high: int) -> int:
+    value = _require(obj, key, int, "config.enclave")
+    assert isinstance(value, int)
+    if not low <= value <= high:
+        raise ConfigError(f"config.enclave.{key}: must be {low}-{high}")
+    return value
+
+
+def _pattern_str(obj: Mapping[str, object], key: str, pattern: re.Pattern[str], what: str) -> str:
+    value = _require(obj, key, str, "config.enclave")
+    assert isinstance(value, str)
+    if pattern.fullmatch(value) is None:
+        raise ConfigError(f"config.enclave.{key}: expected {what}")
+    return value
+
+
+def _parse_enclave(obj: object) -> EnclaveOptions:
+    """The ``enclave`` object of a bounded-agent broker config (spec 15.2, 15.6)."""
+    if not isinstance(obj, dict):
+        raise ConfigError("config.enclave: expected a JSON object")
+    unknown = sorted(set(obj) - _ENCLAVE_KEYS)
+    if unknown:
+        raise ConfigError(f"config.enclave: unknown keys {unknown}")
+    engine = _require(obj, "engine", str, "config.enclave")
+    if engine not in ENCLAVE_ENGINES:
+        raise ConfigError(
+            f"config.enclave.engine: expected one of {list(ENCLAVE_ENGINES)}"
+            " (the engines with an enclave adapter)"
+        )
+    assert isinstance(engine, str)
+    address = _require(obj, "proxyAddress", str, "config.enclave")
+    assert isinstance(address, str)
+    try:
+        proxy_address = str(ipaddress.IPv4Address(address))
+    except ValueError:
+        raise ConfigError("config.enclave.proxyAddress: expected a dotted IPv4 address") from None
+    if proxy_address != address:  # pragma: no cover - IPv4Address is strict already
+        raise ConfigError("config.enclave.proxyAddress: expected a dotted IPv4 address")
+    control = _require(obj, "controlSocket", str, "config.enclave")
+    assert isinstance(control, str)
+    pure = PurePosixPath(control)
+    if not pure.is_absolute() or ".." in pure.parts or "\x00" in control:
+        raise ConfigError("config.enclave.controlSocket: must be an absolute path without '..'")
+    return EnclaveOptions(
+        engine=engine,
+        model=_pattern_str(obj, "model", _MODEL_NAME, "a model id"),
+        network=_pattern_str(obj, "network", _NETWORK_NAME, "a Docker network name"),
+        proxy_address=proxy_address,
+        proxy_port=_bounded_int(obj, "proxyPort", 1, MAX_PORT),
+        control_socket=Path(control),
+        nano_cpus=_bounded_int(obj, "nanoCpus", 1, MAX_ENCLAVE_NANO_CPUS),
+        pids_limit=_bounded_int(obj, "pidsLimit", 1, MAX_ENCLAVE_PIDS),
+        tmpfs_bytes=_bounded_int(obj, "tmpfsBytes", MIN_ENCLAVE_TMPFS_BYTES, MAX_MEMORY_BYTES),
+        max_output_bytes=_bounded_int(obj, "maxOutputBytes", 1, ENCLAVE_MAX_OUTPUT_BYTES),
+        max_task_bytes=_bounded_int(obj, "maxTaskBytes", 1, ENCLAVE_MAX_TASK_BYTES),
+    )
+
+
+def _encode_enclave(options: EnclaveOptions) -> dict[str, object]:
+    return {
+        "engine": options.engine,
+        "model": options.model,
+        "network": options.network,
+        "proxyAddress": options.proxy_address,
+        "proxyPort": options.proxy_port,
+        "controlSocket": str(options.control_socket),
+        "nanoCpus": options.nano_cpus,
+        "pidsLimit": options.pids_limit,
+        "tmpfsBytes": options.tmpfs_bytes,
+        "maxOutputBytes": options.max_output_bytes,
+        "maxTaskBytes": options.max_task_bytes,
+    }
 
 
 def parse_seed_map(obj: object) -> SeedMap:
@@ -326,6 +481,13 @@ def encode_config(config: BrokerConfig) -> dict[str, object]:
         "image": config.image,
         "dockerHost": config.docker_host,
         "hostPathMap": dict(config.host_path_map),
+        # A query broker's document is unchanged by the second subsystem
+        # (``subsystem`` defaults to bounded-query); an agent broker's names both.
+        **(
+            {}
+            if config.enclave is None
+            else {"subsystem": config.subsystem, "enclave": _encode_enclave(config.enclave)}
+        ),
     }
 
 

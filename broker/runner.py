@@ -12,10 +12,13 @@ Contract of :meth:`Runner.run`:
 * the broker has created ``invocation.workspace`` (an empty directory in the
   broker-private root, mode 0700, owned by the broker); the runner may prepare
   it (for example chown it to the query uid and pre-create the result file);
-* after the script finishes, the query's answer (what the script wrote to
-  ``/query/out``) is at ``invocation.result_path`` on the host; the broker
-  reads it itself with O_NOFOLLOW, regular-file and size checks, and then
-  deletes the workspace;
+* after the script finishes and every container is removed, the runner
+  reads the query's answer (what the script wrote to ``/query/out``, at
+  ``invocation.result_path`` on the host or in storage the runner mounted)
+  once, with the checked reader (``broker.workspace.read_result_file``:
+  O_NOFOLLOW, regular-file and size checks), and returns those bytes as
+  :attr:`RunReport.result`; the broker validates them and then deletes the
+  workspace (it never reads the file itself);
 * before ``run`` returns, every container it started is gone; when removal
   fails it reports ``failure="cleanup-failed"``;
 * query-caused failures (timeout, crash, non-zero exit, resource exhaustion)

@@ -68,6 +68,7 @@ from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.readiness import encode_ready
 from bounded_query.broker.runner import Degradation, Runner
 from bounded_query.broker.service import Service, report_bug
+from bounded_query.broker.subsystem import subsystem_for
 from bounded_query.broker.workspace import WorkspaceOps, remove_tree
 
 __all__ = [
@@ -244,6 +245,8 @@ class BrokerServer:
         self.config = config
         self.seed_map = seed_map
         self.runner = runner
+        #: What the config says this broker serves (``subsystem.py``).
+        self.subsystem = subsystem_for(config)
         self.connection_cap = connection_cap
         self.grace_s = grace_s
         self._timeouts: dict[str, float] = {}
@@ -293,7 +296,7 @@ class BrokerServer:
             config.journal_path, config.run_id, config.max_invocations, run_sync=run_sync
         )
         self.recovery = recovery
-        audit = AuditLog(config.audit_path)
+        audit = AuditLog(config.audit_path, schema=self.subsystem.audit_schema)
         try:
             for invocation_id in recovery.interrupted:
                 # An audit write failure never stops the broker (audit.py).
@@ -339,6 +342,7 @@ class BrokerServer:
             audit,
             run_sync=self._run_sync,
             workspace=self._workspace,
+            subsystem=self.subsystem,
         )
 
     async def _accept_until_stopped(

@@ -79,7 +79,7 @@ from bounded_query.broker.lane import LaneEvent, LaneState, gate_open, next_stat
 from bounded_query.broker.protocol import CANONICAL_ERROR_BODY, policy
 from bounded_query.broker.refusals import AuditSink, RefusalCounter
 from bounded_query.broker.runner import Degradation, Invocation, Runner, RunReport
-from bounded_query.broker.subsystem import BOUNDED_QUERY, Subsystem
+from bounded_query.broker.subsystem import Subsystem, subsystem_for
 from bounded_query.broker.timing import (
     BOUNDARIES_S,
     TOLERANCE_S,
@@ -161,14 +161,17 @@ class Service:
         run_sync: ThreadRunner = trio.to_thread.run_sync,
         workspace: WorkspaceOps | None = None,
         wall_clock: Callable[[], float] = time.time,
-        subsystem: Subsystem = BOUNDED_QUERY,
+        subsystem: Subsystem | None = None,
     ) -> None:
         self.config = config
         self.seed_map = seed_map
         self.runner = runner
         self.accounts = accounts
         self.audit_log = audit
-        self.subsystem = subsystem
+        #: The config's subsystem (``subsystem_for``) unless one is injected (tests).
+        self.subsystem = subsystem_for(config) if subsystem is None else subsystem
+        if audit.schema != self.subsystem.audit_schema:
+            raise ValueError("the audit log must write the subsystem's record type")
         self.boundaries_s = tuple(boundaries_s)
         self._new_id = new_id
         self._run_sync = run_sync
@@ -449,9 +452,11 @@ class Service:
         )
         try:
             report = await self._run_runner(invocation)
-            raw: bytes | None = None
-            if report is not None and report.failure is None:
-                raw = await self._run_sync(self._workspace.read_result, invocation.result_path)
+            raw = None if report is None or report.failure is not None else report.result
+            if raw is not None and len(raw) > self.subsystem.max_answer_bytes:
+                # The runner reads with the subsystem's limit; longer is a
+                # runner bug: refused like any other bad answer.
+                raw = None
             result = classify(report, raw, admitted.schema)
         except BaseException as exc:
             # Cancelled (shutdown grace expired) or a bug while checking the

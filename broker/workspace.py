@@ -23,14 +23,12 @@ container, so nothing changes the tree while they work.
   strings: newlines and other odd names need no special case. A workspace
   that is itself a mount point (the runner's per-invocation tmpfs,
   ``sandbox/storage.py``, left behind when the broker was killed during an
-  invocation) is unmounted first with :func:`unmount` (lazily if busy).
+  invocation) is unmounted first (``broker/mounts.py``, lazily if busy).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import stat
@@ -38,38 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bounded_query.broker.mounts import unmount
 from bounded_query.broker.protocol import MAX_RESULT_BYTES
 
-__all__ = ["WorkspaceOps", "make_workspace", "read_result_file", "remove_tree", "unmount"]
+__all__ = ["WorkspaceOps", "make_workspace", "read_result_file", "remove_tree"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MNT_DETACH = 0x2
-#: umount2 errors meaning "nothing mounted there".
-_NOT_MOUNTED = frozenset({errno.EINVAL, errno.ENOENT})
-
-
-def unmount(target: Path) -> str:
-    """Unmount ``target``; return ``"unmounted"``, ``"detached"`` or ``"absent"``.
-
-    A busy file system is detached (lazy unmount): it disappears from the
-    tree at once and is freed when its last user goes. A thin ``umount2(2)``
-    call through ctypes (no ``umount`` binary, no PATH lookup).
-
-    Raises:
-        OSError: neither unmount worked (for example EPERM without privilege).
-    """
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    path = os.fsencode(target)
-    if libc.umount2(path, 0) == 0:
-        return "unmounted"
-    if ctypes.get_errno() in _NOT_MOUNTED:
-        return "absent"
-    if libc.umount2(path, _MNT_DETACH) == 0:
-        return "detached"
-    code = ctypes.get_errno()
-    if code in _NOT_MOUNTED:
-        return "absent"
-    raise OSError(code, os.strerror(code), str(target))
 
 
 def make_workspace(path: Path) -> None:
@@ -206,9 +178,8 @@ class WorkspaceOps:
     """The blocking workspace operations of the pipeline (injected; run in a worker thread).
 
     The defaults are this module's functions; a test passes its own to
-    reach a failure path (a cleanup that fails, a bug while reading).
+    reach a failure path (a workspace that cannot be made or removed).
     """
 
     make: Callable[[Path], None] = make_workspace
-    read_result: Callable[[Path], bytes | None] = read_result_file
     remove: Callable[[Path], bool] = remove_tree

@@ -11,14 +11,14 @@ from __future__ import annotations
 from bounded_query.broker.protocol.policy import LAUNCHABLE_RUNTIMES, RUNTIME_SBX
 from bounded_query.broker.runner import Runner, RunnerSettings
 
-from .docker_runner import DockerRunner, RunOptions, prepare_workspace
+from .docker_runner import DockerRunner, RunnerOptions, prepare_workspace
 from .sbx import sbx_capability_report, sbx_unavailable
 from .spec import ContainerSpec, container_spec, probe_spec, translate_host_path
 
 __all__ = [
     "ContainerSpec",
     "DockerRunner",
-    "RunOptions",
+    "RunnerOptions",
     "container_spec",
     "create_runner",
     "prepare_workspace",

@@ -30,13 +30,14 @@ import errno
 import os
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
 
 from bounded_query.broker.fdio import write_all
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_RUN, OCI_RUNTIMES, QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import (
@@ -62,13 +63,13 @@ from .overlay import (
 from .pagecache import PIN_READY, pin_container_body
 from .phases import PhaseClock
 from .prepared_pool import PreparedPool
-from .reconcile import remove_container, remove_labelled, remove_volume
+from .reconcile import remove_container, remove_labelled, remove_labelled_volumes, remove_volume
 from .spec import SCRIPT_FILE_NAME, container_spec, probe_spec, translate_host_path
-from .storage import mount_tmpfs, tmpfs_quota, unmount
+from .storage import tmpfs_quota
 
 __all__ = [
     "DockerRunner",
-    "RunOptions",
+    "RunnerOptions",
     "prepare_workspace",
     "private_storage",
     "release_storage",
@@ -100,7 +101,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class RunOptions:
+class RunnerOptions:
     """Benchmark-only knobs; the broker always uses the defaults.
 
     ``entrypoint_args`` are passed to the image's fixed entrypoint (e.g.
@@ -174,37 +175,27 @@ def private_storage(invocation: Invocation, memory_bytes: int) -> bool:
     if os.listdir(invocation.workspace):
         raise OSError(errno.ENOTEMPTY, "workspace is not empty", str(invocation.workspace))
     try:
-        mount_tmpfs(invocation.workspace, tmpfs_quota(memory_bytes))
+        mount_tmpfs(invocation.workspace, tmpfs_quota(memory_bytes).options)
     except PermissionError:
         return False
     return True
 
 
-def release_storage(invocation: Invocation) -> bool:
-    """Keep the answer, unmount the invocation's tmpfs; True when it is gone.
+def release_storage(invocation: Invocation) -> tuple[bool, bytes | None]:
+    """Read the answer, unmount the invocation's tmpfs: (whether it is gone, the answer).
 
     Call only after every container and volume using it is removed. The
-    result file is read with the broker's own reader (regular file, size
-    cap, O_NOFOLLOW) and, when that accepts it, written again into the empty
-    directory the tmpfs covered; otherwise nothing is written and the broker
-    finds no answer, exactly as it would have on the tmpfs.
+    answer is the result file as the checked reader returns it (regular file,
+    size cap, O_NOFOLLOW; None when it refuses it or there is none), read
+    before the unmount: after it, the tmpfs and the file are gone and the
+    workspace directory is empty again for the broker to remove.
     """
     answer = read_result_file(invocation.result_path)
     try:
         unmount(invocation.workspace)
     except OSError:
-        return False
-    if answer is not None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(invocation.result_path, flags, 0o600)
-        except OSError:
-            return False
-        try:
-            write_all(fd, answer)
-        finally:
-            os.close(fd)
-    return True
+        return False, None
+    return True, answer
 
 
 def _status_code(result: Any) -> int | None:
@@ -233,14 +224,14 @@ class DockerRunner:
         self,
         settings: RunnerSettings,
         *,
-        options: RunOptions | None = None,
+        options: RunnerOptions | None = None,
         client_factory: Callable[[], Any] | None = None,
     ) -> None:
         if settings.runtime not in OCI_RUNTIMES:
             raise ValueError(f"DockerRunner cannot launch runtime {settings.runtime!r}")
         self.settings = settings
         self.oci_runtime = OCI_RUNTIMES[settings.runtime]
-        self.options = options or RunOptions()
+        self.options = options or RunnerOptions()
         self._seccomp = profile_json(self.oci_runtime)
         self._client_factory = client_factory or self._default_client
         self._client: Any = None
@@ -374,10 +365,15 @@ class DockerRunner:
             raise
         if isolated:
             with trio.CancelScope(shield=True), clock("remove"):
-                released = await trio.to_thread.run_sync(release_storage, invocation)
+                released, answer = await trio.to_thread.run_sync(release_storage, invocation)
             if not released:
                 return RunReport(policy.CATEGORY_CLEANUP_FAILED, phases)
-        return report
+        elif report.failure is None:
+            with clock("read"):
+                answer = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
+        else:
+            answer = None
+        return replace(report, result=answer if report.failure is None else None)
 
     async def _run_in_workspace(
         self, invocation: Invocation, view: str | None, seed_host: str, phases: dict[str, float]
@@ -668,14 +664,12 @@ class DockerRunner:
         async with self._view_lock:
             self._views.clear()
             try:
-                found = await self._call(self.api.volumes, filters={"label": label})
+                with trio.CancelScope(shield=True):
+                    volumes = await self._call(remove_labelled_volumes, self.api, label)
             except Exception as exc:
                 raise RunnerUnavailable(f"cannot list query volumes: {exc}") from exc
-            for volume in (found or {}).get("Volumes") or []:
-                with trio.CancelScope(shield=True):
-                    gone = await self._remove_volume(str(volume["Name"]))
-                if not gone:
-                    raise RunnerUnavailable(f"cannot remove query volume {volume['Name']}")
+            if volumes.failed:
+                raise RunnerUnavailable(f"cannot remove query volume {volumes.failed[0]}")
         # the prepared containers and their volumes were among those removed
         await self.prepared.forget_all()
         return removed

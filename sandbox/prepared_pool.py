@@ -58,12 +58,14 @@ import secrets
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.protocol.policy import QUERY_GID, QUERY_UID
 from bounded_query.broker.runner import RESULT_FILE_NAME, Invocation, RunReport
 from bounded_query.broker.workspace import make_workspace, read_result_file, remove_tree
@@ -72,7 +74,7 @@ from .overlay import invocation_volume
 from .phases import PhaseClock
 from .prepared import MAX_PREPARED_SLOTS, SlotEvent, SlotState, evictions, step
 from .spec import container_name, prepared_spec, translate_host_path
-from .storage import mount_tmpfs, tmpfs_quota, unmount
+from .storage import tmpfs_quota
 
 if TYPE_CHECKING:
     from .docker_runner import DockerRunner
@@ -104,7 +106,7 @@ def prepare_slot_workspace(workspace: Path, memory_bytes: int) -> bool:
     """
     make_workspace(workspace)
     try:
-        mount_tmpfs(workspace, tmpfs_quota(memory_bytes))
+        mount_tmpfs(workspace, tmpfs_quota(memory_bytes).options)
         isolated = True
     except PermissionError:
         isolated = False
@@ -127,35 +129,25 @@ def prepare_slot_workspace(workspace: Path, memory_bytes: int) -> bool:
     return isolated
 
 
-def release_slot_workspace(workspace: Path, isolated: bool, answer_to: Path | None) -> bool:
-    """Remove a slot's workspace (after its container and volume); True when it is gone.
+def release_slot_workspace(
+    workspace: Path, isolated: bool, *, read_answer: bool
+) -> tuple[bool, bytes | None]:
+    """Remove a slot's workspace (after its container and volume): (whether it is
+    gone, the answer).
 
-    With ``answer_to`` (an invocation's empty workspace), the answer is read
-    with the broker's own reader first and, when it accepts it, written
-    there as the result file; otherwise nothing is written (the broker finds
-    no answer, exactly as after a cold run).
+    With ``read_answer`` (the slot served an invocation), the answer is the
+    result file as the checked reader returns it (None when it refuses it),
+    read before the storage goes; otherwise nothing is read.
     """
-    answer = None if answer_to is None else read_result_file(workspace / RESULT_FILE_NAME)
+    answer = read_result_file(workspace / RESULT_FILE_NAME) if read_answer else None
     if isolated:
         try:
             unmount(workspace)
         except OSError:
-            return False
+            return False, None
     if not remove_tree(workspace):
-        return False
-    if answer_to is not None and answer is not None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            fd = os.open(answer_to / RESULT_FILE_NAME, flags, 0o600)
-        except OSError:
-            return False
-        try:
-            view = memoryview(answer)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-    return True
+        return False, None
+    return True, answer
 
 
 def _attach(api: Any, container_id: str) -> Any:
@@ -304,11 +296,11 @@ class PreparedPool:
             # again for the next attempt (as the cold path does)
             self._runner._views.pop(seed_host, None)
             with trio.CancelScope(shield=True):
-                await self._destroy(slot, answer_to=None)
+                await self._destroy(slot, read_answer=False)
             slot.move(SlotEvent.FAIL)
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self._destroy(slot, answer_to=None)
+                await self._destroy(slot, read_answer=False)
             slot.move(SlotEvent.FAIL)
             raise
         else:
@@ -395,17 +387,18 @@ class PreparedPool:
                 failure = await runner._wait(slot.container_id, phases)
         finally:
             with trio.CancelScope(shield=True), clock("remove"):
-                removed = await self._destroy(slot, answer_to=invocation.workspace)
+                removed, answer = await self._destroy(slot, read_answer=failure is None)
             slot.move(SlotEvent.FINISH)
             self._forget(seed_host, slot)
         if not removed:
             failure = "cleanup-failed"
-        return RunReport(failure, phases)
+        return RunReport(failure, phases, result=answer if failure is None else None)
 
     # -- destroying ----------------------------------------------------------
 
-    async def _destroy(self, slot: _Slot, *, answer_to: Path | None) -> bool:
-        """Remove the slot's container, volume and workspace; True when all are gone."""
+    async def _destroy(self, slot: _Slot, *, read_answer: bool) -> tuple[bool, bytes | None]:
+        """Remove the slot's container, volume and workspace: (whether all are
+        gone, the answer when ``read_answer``)."""
         runner = self._runner
         removed = True
         if slot.attached is not None:
@@ -419,9 +412,9 @@ class PreparedPool:
         if slot.volume is not None:
             removed = await runner._remove_volume(slot.volume) and removed
         if not removed:
-            return False  # the storage may still be in use: leave it to reconcile
+            return False, None  # the storage may still be in use: leave it to reconcile
         return await trio.to_thread.run_sync(
-            release_slot_workspace, slot.workspace, slot.isolated, answer_to
+            partial(release_slot_workspace, slot.workspace, slot.isolated, read_answer=read_answer)
         )
 
     async def _discard(self, seed_host: str) -> None:
@@ -429,7 +422,7 @@ class PreparedPool:
         slot = self._slots[seed_host]
         slot.move(SlotEvent.DISCARD)
         with trio.CancelScope(shield=True):
-            await self._destroy(slot, answer_to=None)
+            await self._destroy(slot, read_answer=False)
         self._forget(seed_host, slot)
 
     def _forget(self, seed_host: str, slot: _Slot) -> None:
@@ -449,9 +442,10 @@ class PreparedPool:
             if slot.state is SlotState.READY:
                 slot.move(SlotEvent.DISCARD)
             with trio.CancelScope(shield=True), contextlib.suppress(OSError):
-                await trio.to_thread.run_sync(
-                    release_slot_workspace, slot.workspace, slot.isolated, None
+                release = partial(
+                    release_slot_workspace, slot.workspace, slot.isolated, read_answer=False
                 )
+                await trio.to_thread.run_sync(release)
             self._forget(seed_host, slot)
 
     async def aclose(self) -> None:

@@ -29,35 +29,25 @@ engine's host). Without the privilege (EPERM) the workspace stays a plain
 directory on the run-wide quota: the inode counter channel is then open and
 ``harness/configuration/channel_policy.py`` treats storage as shared.
 
-The result file is read (with the broker's own safe reader) before the
-unmount and, when it is a small regular file, written again into the now
-empty directory underneath, so :attr:`Invocation.result_path` keeps its
-meaning for the broker.
+The runner reads the result file (with the broker's checked reader) before
+the unmount and returns its bytes in the run report; the tmpfs and
+everything on it then go at once.
 
-The sizing is pure; :func:`mount_tmpfs` is a thin ``mount(2)`` call through
-ctypes (no ``mount`` binary, no PATH lookup); :func:`unmount` is the
-broker's workspace teardown's (``broker/workspace.py``), re-exported.
+The sizing is here and pure; the mount calls themselves (``mount(2)`` and
+``umount2(2)`` through ctypes) are ``broker/mounts.py``, shared with the
+broker's workspace sweep and the harness's work quota.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 from dataclasses import dataclass
-from pathlib import Path
-
-from bounded_query.broker.workspace import unmount
 
 __all__ = [
     "BYTES_PER_INODE",
     "MIN_BYTES",
     "TmpfsQuota",
-    "make_shared",
-    "mount_tmpfs",
     "quota_bytes",
     "tmpfs_quota",
-    "unmount",
 ]
 
 #: Smallest quota: room for the script, the answer file and a modest amount
@@ -69,10 +59,6 @@ MIN_BYTES = 16 * 1024**2
 BYTES_PER_INODE = 1024
 #: Mode of the tmpfs root, the same as the 0700 directory it covers.
 MODE = 0o700
-
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
-_MS_SHARED = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,37 +87,3 @@ def tmpfs_quota(memory_bytes: int) -> TmpfsQuota:
     """Size and inodes of a workspace tmpfs for ``memory_bytes``."""
     size = quota_bytes(memory_bytes)
     return TmpfsQuota(size, size // BYTES_PER_INODE)
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _raise(target: Path) -> None:
-    code = ctypes.get_errno()
-    raise OSError(code, os.strerror(code), str(target))
-
-
-def mount_tmpfs(target: Path, quota: TmpfsQuota) -> None:
-    """Mount a fresh tmpfs with ``quota`` at the existing directory ``target``.
-
-    Raises:
-        OSError: the mount failed (EPERM: no privilege).
-    """
-    libc = _libc()
-    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV)
-    if libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", flags, quota.options.encode()) != 0:
-        _raise(target)
-
-
-def make_shared(target: Path) -> None:
-    """Make the mount at ``target`` a shared mount (its own peer group).
-
-    Lets a container that binds it with ``rshared`` propagation (the compose
-    broker) make mounts below it that the host, and so the engine, sees.
-
-    Raises:
-        OSError: the call failed.
-    """
-    if _libc().mount(None, os.fsencode(target), None, ctypes.c_ulong(_MS_SHARED), None) != 0:
-        _raise(target)

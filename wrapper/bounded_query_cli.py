@@ -197,7 +197,7 @@ class Facts:
         self.query_socket_env = str(p.ENV_SOCKET)
         self.agent_socket_env = str(p.ENV_AGENT_SOCKET)
         self.max_task_bytes = int(p.ENCLAVE_MAX_TASK_BYTES)
-        self.agent_version = int(p.AGENT_FRAME_VERSION)
+        self.agent_version = int(p.AGENT_PROTOCOL_VERSION)
 
 
 def _load_file(name: str, path: str) -> ModuleType:

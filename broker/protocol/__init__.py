@@ -14,6 +14,7 @@ Module map:
 * ``_text``       the one canonical JSON string escaping
 * ``_values``     check_output: validation and canonical re-serialization (14.5)
 * ``_request``    Request, parse_request, parse_frame, slugs, base64url (14.2, 14.3)
+* ``_agent_request`` AgentRequest, parse_agent_frame, parse_agent_request (15.3)
 * ``policy``      the shared policy facts: budgets, limits, runtimes, labels,
   defaults, the slug rule, the query uid, memory limits (14.1, 14.2, 14.7)
 """
@@ -21,6 +22,12 @@ Module map:
 from __future__ import annotations
 
 from . import policy
+from ._agent_request import (
+    FORBIDDEN_CONTROL_HEADERS,
+    AgentRequest,
+    parse_agent_frame,
+    parse_agent_request,
+)
 from ._constants import (
     CANONICAL_ERROR_BODY,
     MAX_ARRAY_LENGTH,
@@ -55,6 +62,8 @@ from ._request import (
     is_valid_slug,
     parse_frame,
     parse_request,
+    schema_from_header,
+    schema_from_object,
 )
 from ._schema import (
     ArrayNode,
@@ -79,6 +88,7 @@ from ._values import canonicalize, check_output, ok_body
 
 __all__ = [
     "CANONICAL_ERROR_BODY",
+    "FORBIDDEN_CONTROL_HEADERS",
     "MAX_ARRAY_LENGTH",
     "MAX_ENUM_VALUES",
     "MAX_LITERAL_STRING_BYTES",
@@ -101,6 +111,7 @@ __all__ = [
     "SATURATION_LIMIT",
     "TIMING_BUCKETS_MS",
     "TIMING_BUCKET_BITS",
+    "AgentRequest",
     "ArrayNode",
     "BooleanNode",
     "ConstNode",
@@ -128,9 +139,13 @@ __all__ = [
     "is_valid_slug",
     "json_string",
     "ok_body",
+    "parse_agent_frame",
+    "parse_agent_request",
     "parse_frame",
     "parse_request",
     "parse_schema",
     "policy",
+    "schema_from_header",
+    "schema_from_object",
     "strict_parse_json",
 ]

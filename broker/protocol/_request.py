@@ -48,6 +48,8 @@ __all__ = [
     "is_valid_slug",
     "parse_frame",
     "parse_request",
+    "schema_from_header",
+    "schema_from_object",
 ]
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
@@ -123,7 +125,12 @@ def decode_schema_header(value: bytes) -> bytes:
     return raw
 
 
-def _schema(obj: object) -> Schema:
+def schema_from_object(obj: object) -> Schema:
+    """The parsed schema of a request's ``schema`` object.
+
+    Raises:
+        RequestError: :func:`parse_schema` refused it (its message kept).
+    """
     try:
         return parse_schema(obj)
     except SchemaError as exc:
@@ -165,7 +172,7 @@ def parse_request(obj: object) -> Request:
     if not is_valid_slug(repo):
         raise RequestError("request.privateRepo: not an owner/repo slug")
     script = _script_from_str(obj["script"])
-    schema = _schema(obj["schema"])
+    schema = schema_from_object(obj["schema"])
     assert isinstance(repo, str)  # is_valid_slug checked it
     return Request(repo, schema, script)
 
@@ -216,9 +223,23 @@ def parse_frame(headers: list[tuple[bytes, bytes]], body: bytes) -> Request:
         script = body.decode("utf-8", "strict")
     except UnicodeDecodeError:
         raise RequestError("body: script is not valid UTF-8") from None
-    raw_schema = decode_schema_header(found[_H_SCHEMA])
+    _raw, schema = schema_from_header(found[_H_SCHEMA])
+    return Request(repo, schema, script)
+
+
+def schema_from_header(value: bytes) -> tuple[bytes, Schema]:
+    """The raw JSON bytes and the parsed schema of an ``X-AWF-Schema-B64`` value.
+
+    Shared by both subsystems' frames (the agent frame keeps the raw bytes:
+    the enclave gets the schema's text as admitted).
+
+    Raises:
+        RequestError: a non-canonical or oversize header, JSON the strict
+            parser refuses, or a schema :func:`parse_schema` refuses.
+    """
+    raw_schema = decode_schema_header(value)
     try:
         obj = strict_parse_json(raw_schema, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_OUTPUT_DEPTH)
     except JSONError as exc:
         raise RequestError(f"x-awf-schema-b64: {exc}") from None
-    return Request(repo, _schema(obj), script)
+    return raw_schema, schema_from_object(obj)

@@ -24,8 +24,9 @@ from types import MappingProxyType
 
 __all__ = [
     "AGENT_ENGINES",
-    "AGENT_FRAME_VERSION",
+    "AGENT_FORBIDDEN_CONTROLS",
     "AGENT_PROFILES",
+    "AGENT_PROTOCOL_VERSION",
     "AGENT_SUBSYSTEM_VARIABLES",
     "AGENT_VARIABLES",
     "CATEGORY_AUDIT_TRUNCATED",
@@ -459,10 +460,28 @@ ENV_AGENT_SKILL = "AWF_BOUNDED_AGENT_SKILL"
 ENV_AGENT_REPOS = "AWF_BOUNDED_AGENT_REPOS"
 AGENT_SUBSYSTEM_VARIABLES: tuple[str, ...] = (ENV_AGENT_SOCKET, ENV_AGENT_SKILL, ENV_AGENT_REPOS)
 
-# --- 15.3 / 15.8 agent-wrapper: the agent request frame as the wrapper sends it ------------
+# --- 15.3 bounded agents: the request frame (agent-broker) -------------------------------
 
-#: spec 15.3: the version of the bounded-agent request frame, sent as
-#: ``X-AWF-Agent-Version: 1`` (one version, no negotiation, like the query
-#: frame's ``PROTOCOL_VERSION``). ``bounded-agent`` reads it from its
-#: ``bq_protocol`` copy.
-AGENT_FRAME_VERSION = 1
+#: ``X-AWF-Agent-Version``: the bounded-agent frame's one version.
+AGENT_PROTOCOL_VERSION = 1
+#: The trusted controls spec 15.3 names, as the request keys a caller might
+#: try to set them with (``resourceLimit``; as a header, ``X-AWF-Resource-Limit``):
+#: every one is refused explicitly, on top of the unknown-key and
+#: unknown-header rules, so a future widening of the accepted keys fails a
+#: test instead of granting a capability.
+AGENT_FORBIDDEN_CONTROLS: tuple[str, ...] = (
+    "image",
+    "command",
+    "executable",
+    "mount",
+    "path",
+    "environment",
+    "endpoint",
+    "network",
+    "proxy",
+    "credential",
+    "timeout",
+    "resourceLimit",
+    "runtime",
+    "toolDefinition",
+)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import trio
 
+from bounded_query.broker.mounts import unmount
 from bounded_query.broker.protocol.policy import parse_memory_limit
 from bounded_query.harness.compose.service import (
     ComposeError,
@@ -37,7 +38,7 @@ from bounded_query.harness.compose.service import (
 from bounded_query.harness.lifecycle.options import EXIT_HARNESS, RunOptions
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.lifecycle.prepare import prepare
-from bounded_query.harness.lifecycle.quota import mount_work_quota, unmount
+from bounded_query.harness.lifecycle.quota import mount_work_quota
 from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.records.notices import load_reported

@@ -41,7 +41,7 @@ workspace (``sandbox/storage.py``), so no inode counter or free-space figure
 is shared between invocations; the run-wide one remains the outer bound (and
 the whole bound when the broker cannot mount). It is made a shared mount so
 the compose broker's ``rshared`` bind of it carries those mounts to the host.
-The sizing, ``mount_tmpfs`` and ``unmount`` live in ``sandbox/storage.py``.
+The sizing lives in ``sandbox/storage.py``, the mount calls in ``broker/mounts.py``.
 """
 
 from __future__ import annotations
@@ -51,25 +51,21 @@ from pathlib import Path
 
 import trio
 
+from bounded_query.broker.mounts import make_shared, mount_tmpfs, unmount
 from bounded_query.harness.records.events import EventSink
 from bounded_query.sandbox.storage import (
     BYTES_PER_INODE,
     MIN_BYTES,
     TmpfsQuota,
-    make_shared,
-    mount_tmpfs,
     quota_bytes,
     tmpfs_quota,
-    unmount,
 )
 
 __all__ = [
     "WORK_QUOTA_BYTES_PER_INODE",
     "WORK_QUOTA_MIN_BYTES",
     "WorkQuota",
-    "mount_tmpfs",
     "mount_work_quota",
-    "unmount",
     "unmount_work_quota",
     "work_quota",
     "work_quota_bytes",
@@ -114,7 +110,7 @@ async def mount_work_quota(work_dir: Path, memory_bytes: int, sink: EventSink) -
 
 def _make_and_mount(work_dir: Path, quota: TmpfsQuota) -> None:
     os.mkdir(work_dir, WORK_QUOTA_MODE)
-    mount_tmpfs(work_dir, quota)
+    mount_tmpfs(work_dir, quota.options)
     # shared, so the compose broker's rshared bind of it propagates the
     # per-invocation mounts it makes below it to the engine's host
     make_shared(work_dir)

@@ -65,9 +65,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bounded_query.broker.mounts import unmount
 from bounded_query.broker.protocol.policy import RUN_ID_PATTERN
 from bounded_query.harness.lifecycle.paths import INGRESS_PREFIX, PRIVATE_PREFIX, RunPaths
-from bounded_query.harness.lifecycle.quota import unmount
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.staging.outputs import remove_roots, write_json_private
 

@@ -33,17 +33,17 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.workspace import remove_tree
-from bounded_query.sandbox import DockerRunner, RunOptions, docker_runner, spec
-from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
+from bounded_query.sandbox import DockerRunner, RunnerOptions, docker_runner, spec
+from bounded_query.sandbox.storage import tmpfs_quota
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
     evict_probe_files,
     image_root,
     make_seed,
     new_invocation,
-    read_answer,
     remove_seed,
     settings,
 )
@@ -56,7 +56,7 @@ def before_issue_9(runner: DockerRunner) -> Iterator[None]:
     allowed = set(old["syscalls"][0]["names"]) | {"fadvise64", "sysinfo"}
     old["syscalls"][0]["names"] = sorted(allowed)
     runner._seccomp = json.dumps(old)
-    runner.options = RunOptions(pin_page_cache=False)
+    runner.options = RunnerOptions(pin_page_cache=False)
     saved_storage = docker_runner.private_storage
     saved_host_config = spec._host_config
 
@@ -82,7 +82,7 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
     seed = make_seed(base / f"seed-{runtime}-{mode}")
     work = base / f"work-{runtime}-{mode}"
     work.mkdir(mode=0o700)
-    mount_tmpfs(work, tmpfs_quota(cfg.memory_bytes))
+    mount_tmpfs(work, tmpfs_quota(cfg.memory_bytes).options)
     secret_list: list[int] = []
     observations: list[dict[str, float]] = []
     patch = before_issue_9(runner) if mode == "before" else contextlib.nullcontext()
@@ -100,7 +100,7 @@ async def trials(runtime: str, mode: str, count: int, evict_cache: bool, base: P
                 dec = new_invocation(cfg, work, seed, channels.decoder())
                 report = await runner.run(dec)
                 assert report.failure is None, report
-                observations.append(json.loads(read_answer(dec) or b"{}"))
+                observations.append(json.loads(report.result or b"{}"))
                 assert remove_tree(dec.workspace)
                 secret_list.append(secret)
     finally:

@@ -8,7 +8,7 @@ runner) serves ``--queries`` trivial boolean questions per runtime and mode,
 each sent by the agent's own wrapper (``bounded-query``, a subprocess, as an
 agent runs it), with ``--think`` seconds between questions (an agent's
 think time; the broker's idle hook prepares the next container meanwhile).
-Modes: ``prepared`` (the default broker) and ``cold`` (``RunOptions(
+Modes: ``prepared`` (the default broker) and ``cold`` (``RunnerOptions(
 prepared=False)``: every query starts its own container, the pre-issue-20
 path). Printed per runtime and mode: the timing buckets the answers left at
 (the broker's own choice after cleanup), the share in the 100 ms and 1 s
@@ -43,7 +43,7 @@ from bounded_query.broker.config import parse_config, parse_seed_map  # noqa: E4
 from bounded_query.broker.runner import Invocation, RunReport  # noqa: E402
 from bounded_query.broker.server import BrokerServer  # noqa: E402
 from bounded_query.broker.timing import bucket_label  # noqa: E402
-from bounded_query.sandbox import DockerRunner, RunOptions  # noqa: E402
+from bounded_query.sandbox import DockerRunner, RunnerOptions  # noqa: E402
 from tests.sandbox.helpers import IMAGE, make_seed, remove_seed  # noqa: E402
 
 REPO = "octo/bench"
@@ -94,7 +94,7 @@ def config_doc(base: Path, seed: Path, runtime: str) -> dict[str, object]:
 async def cell(base: Path, seed: Path, runtime: str, prepared: bool, n: int, think: float):
     config = parse_config(config_doc(base, seed, runtime))
     seed_map = parse_seed_map(json.loads(config.seed_map_path.read_text()))
-    runner = RecordingRunner(config.runner_settings(), options=RunOptions(prepared=prepared))
+    runner = RecordingRunner(config.runner_settings(), options=RunnerOptions(prepared=prepared))
     server = BrokerServer(config, seed_map, runner)
     env = {"PATH": "/usr/bin:/bin", "AWF_BOUNDED_QUERY_SOCKET": str(config.socket_path)}
     buckets: list[str] = []

@@ -59,9 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bounded_query.broker.protocol import check_output, parse_schema, policy
 from bounded_query.broker.runner import Invocation, RunnerSettings
 from bounded_query.broker.timing import BOUNDARIES_S, choose_boundary
-from bounded_query.broker.workspace import read_result_file, remove_tree
+from bounded_query.broker.workspace import remove_tree
 from bounded_query.harness.staging import seeds as staging
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from bounded_query.sandbox import docker_runner as docker_runner_module
 from bounded_query.sandbox import spec as spec_module
 
@@ -409,7 +409,7 @@ async def run_broker_once(
     report = await runner.run(invocation)
     canonical = None
     if report.failure is None:
-        raw = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
+        raw = report.result
         canonical = None if raw is None else check_output(raw, schema)
     await trio.to_thread.run_sync(remove_tree, workspace)
     return time.perf_counter() - started, canonical, report.failure
@@ -425,7 +425,7 @@ async def run_broker(
     ``cold``: then every query starts its own container.
     """
     cfg = RunnerSettings(runtime, secrets.token_hex(16), IMAGE, TIMEOUT_S, MEMORY)
-    runner = DockerRunner(cfg, options=RunOptions(prepared=not cold))
+    runner = DockerRunner(cfg, options=RunnerOptions(prepared=not cold))
     results = {}
     try:
         await runner.reconcile()

@@ -15,7 +15,7 @@ histogram (10 ms / 100 ms / 1 s / 10 s / 60 s / 600 s), the share in the
 layer), and the median of each phase (create, start, wait, remove, ...;
 ``materialize`` and ``run`` come from the entrypoint's timing line in a
 separate pass). ``--baseline`` also measures the in-container copy into the
-tmpfs (``RunOptions(materialize="tmpfs")``) for comparison; the SDK-vs-CLI
+tmpfs (``RunnerOptions(materialize="tmpfs")``) for comparison; the SDK-vs-CLI
 comparison runs ``docker run`` with equivalent flags once (tiny, runc).
 
 Modes (issue 20): ``prepared`` (the broker's default: the idle hook
@@ -46,8 +46,8 @@ import trio
 
 from bounded_query.broker.protocol import check_output, parse_schema
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.workspace import read_result_file, remove_tree
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.broker.workspace import remove_tree
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from bounded_query.seccomp import profile_json
 
 GEN_SEEDS = Path("/work/shared/bench/gen_seeds.py")
@@ -94,7 +94,7 @@ async def one_query(runner: DockerRunner, seed: Path, work: Path) -> tuple[float
     await trio.to_thread.run_sync(lambda: workspace.mkdir(mode=0o700))
     invocation = Invocation(runner.settings.run_id, invocation_id, seed, workspace, SCRIPT)
     report = await runner.run(invocation)
-    raw = await trio.to_thread.run_sync(read_result_file, invocation.result_path)
+    raw = report.result
     ok = report.failure is None and raw is not None and check_output(raw, BOOLEAN) == "true"
     cleanup_started = time.perf_counter()
     await trio.to_thread.run_sync(remove_tree, workspace)
@@ -135,9 +135,9 @@ def fmt_hist(times: list[float]) -> str:
 
 #: Cells: repository view and whether the idle hook prepares the next container.
 MODES = {
-    "prepared": RunOptions(materialize="overlay", prepared=True),
-    "overlay": RunOptions(materialize="overlay", prepared=False),
-    "tmpfs": RunOptions(materialize="tmpfs"),
+    "prepared": RunnerOptions(materialize="overlay", prepared=True),
+    "overlay": RunnerOptions(materialize="overlay", prepared=False),
+    "tmpfs": RunnerOptions(materialize="tmpfs"),
 }
 
 
@@ -165,7 +165,7 @@ async def bench_cell(runtime: str, seed: Path, work: Path, n: int, mode: str) ->
         if not options.prepared:  # the entrypoint's own timing line (cold path only)
             timed = DockerRunner(
                 runner.settings,
-                options=RunOptions(("--timings",), collect_timings=True, materialize=mode),
+                options=RunnerOptions(("--timings",), collect_timings=True, materialize=mode),
             )
             try:
                 for _ in range(3):
@@ -221,7 +221,7 @@ def cli_vs_sdk(seed: Path, work: Path, n: int) -> tuple[float, float]:
         shutil.rmtree(ws)
 
     async def sdk() -> list[float]:
-        runner = DockerRunner(settings("docker"), options=RunOptions(materialize="tmpfs"))
+        runner = DockerRunner(settings("docker"), options=RunnerOptions(materialize="tmpfs"))
         try:
             return [(await one_query(runner, seed, work))[0] for _ in range(n)]
         finally:

@@ -12,18 +12,25 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_broker(config_path: Path, *, wait: bool = True) -> subprocess.Popen[bytes]:
-    """Start ``tests.fakes.broker_main`` and wait for the readiness file."""
+def start_broker(
+    config_path: Path,
+    *,
+    wait: bool = True,
+    module: str = "tests.fakes.broker_main",
+    env_extra: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``module`` (a test entry point) and wait for the readiness file."""
     config = json.loads(config_path.read_text())
     ready = Path(config["privateRoot"]) / "control" / "ready"
     env = dict(os.environ)
+    env.update(env_extra or {})
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # A SIGKILLed broker leaves its readiness file behind; only a fresh one counts.
     ready.unlink(missing_ok=True)
     log = stderr_log(config_path)
     with log.open("ab") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.broker_main", "--config", str(config_path)],
+            [sys.executable, "-m", module, "--config", str(config_path)],
             cwd=REPO_ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -8,8 +8,10 @@ import os
 import jsonschema
 import trio
 
+import bounded_query.broker.service as service_module
+from bounded_query.broker import admission
 from bounded_query.broker.journal import Admitted, Debit, JournalFile, Launched, Outcome
-from bounded_query.broker.workspace import WorkspaceOps, read_result_file, remove_tree
+from bounded_query.broker.workspace import WorkspaceOps, remove_tree
 from tests.broker.conftest import serving
 from tests.broker.helpers import (
     ERROR,
@@ -290,15 +292,18 @@ async def test_journal_failure_fails_closed(broker):
     assert service.accounts.ledger.invocations == 0  # nothing was counted without its record
 
 
-async def test_a_bug_costs_one_answer_not_the_broker(broker_doc, capfd):
+async def test_a_bug_costs_one_answer_not_the_broker(broker_doc, capfd, monkeypatch):
+    """A bug while checking the answer (injected into the classification)."""
     bug = [True]
+    classify = admission.classify
 
-    def read_result(path):
+    def buggy_classify(*args, **kwargs):
         if bug:
             raise RuntimeError("bug")
-        return read_result_file(path)
+        return classify(*args, **kwargs)
 
-    async with serving(broker_doc, workspace=WorkspaceOps(read_result=read_result)) as broker:
+    monkeypatch.setattr(service_module, "classify", buggy_classify)
+    async with serving(broker_doc) as broker:
         response = await exchange(broker.socket, request_bytes("write true"))
         assert body_of(response) == ERROR
         assert not any((broker.private / "work").iterdir())

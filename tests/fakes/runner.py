@@ -29,6 +29,18 @@ from pathlib import Path
 import trio
 
 from bounded_query.broker.runner import Degradation, Invocation, RunReport
+from bounded_query.broker.workspace import read_result_file
+
+
+def _answer(path: Path, failure: str | None) -> bytes | None:
+    """The runner contract's answer: None after a failure, else the checked read.
+
+    Read inline, not in a worker thread: a small file, and the broker tests
+    run on trio's autojump MockClock, which a thread would let jump.
+    """
+    if failure is not None:
+        return None
+    return read_result_file(path)
 
 
 @dataclass
@@ -107,7 +119,8 @@ class ScriptedRunner:
                 deep.mkdir(parents=True)
                 (deep / "f").write_text("x")
                 os.chmod(deep, 0o500)
-        return RunReport(failure=failure)
+        # As every runner does: the answer read once, with the checked reader.
+        return RunReport(failure=failure, result=_answer(out, failure))
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -172,7 +185,7 @@ class ProcessRunner:
             return RunReport(failure="query-timeout")
         if proc.returncode != 0:
             return RunReport(failure="query-nonzero-exit")
-        return RunReport()
+        return RunReport(result=_answer(invocation.result_path, None))
 
 
 def process_runner_factory(config: object) -> ProcessRunner:

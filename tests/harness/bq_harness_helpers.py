@@ -340,7 +340,7 @@ def mounts_under(base: Path) -> list[str]:
 @contextlib.contextmanager
 def mount_safe_base() -> Iterator[Path]:
     """``var_tmp_base`` that also detaches any mount a failed test left below it."""
-    from bounded_query.harness.lifecycle.quota import unmount
+    from bounded_query.broker.mounts import unmount
 
     with var_tmp_base() as base:
         try:

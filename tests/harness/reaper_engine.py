@@ -241,7 +241,7 @@ def _cleanup(client: Any, harness: subprocess.Popen[bytes], run: Running | None)
     for volume in volumes.get("Volumes") or ():
         with contextlib.suppress(Exception):
             api.remove_volume(volume["Name"], force=True)
-    from bounded_query.harness.lifecycle.quota import unmount
+    from bounded_query.broker.mounts import unmount
 
     for point in sorted(mounts_under(run.base), reverse=True):
         with contextlib.suppress(OSError):

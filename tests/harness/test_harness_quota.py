@@ -27,13 +27,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.lifecycle.quota import (
     WORK_QUOTA_MIN_BYTES,
     WorkQuota,
-    mount_tmpfs,
     mount_work_quota,
-    unmount,
     work_quota,
     work_quota_bytes,
 )
@@ -118,7 +117,7 @@ def test_mount_has_the_quota_and_a_busy_tmpfs_is_detached(tmp_path):
     with quota_base() as base:
         target = base / "work"
         target.mkdir(mode=0o700)
-        mount_tmpfs(target, work_quota(32 * MiB))
+        mount_tmpfs(target, work_quota(32 * MiB).options)
         assert mounts_under(base) == [str(target)]
         info = os.statvfs(target)
         assert info.f_blocks * info.f_frsize == WORK_QUOTA_MIN_BYTES
@@ -156,7 +155,7 @@ async def test_work_quota_is_a_shared_mount_for_the_compose_broker():
             assert any(field.startswith("shared:") for field in optional), line
             # a mount below it (an invocation's tmpfs) works and goes with it
             (target / "inv").mkdir()
-            mount_tmpfs(target / "inv", work_quota(32 * MiB))
+            mount_tmpfs(target / "inv", work_quota(32 * MiB).options)
             assert mounts_under(base) == [str(target), str(target / "inv")]
         finally:
             assert unmount(target) == "detached"  # busy with the submount

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from bounded_query.broker.mounts import mount_tmpfs
 from bounded_query.harness.lifecycle.options import RunOptions
 from bounded_query.harness.lifecycle.paths import RunPaths, run_paths
-from bounded_query.harness.lifecycle.quota import WorkQuota, mount_tmpfs
+from bounded_query.harness.lifecycle.quota import WorkQuota
 from bounded_query.harness.lifecycle.sweep import (
     MODE_COMPOSE,
     MODE_RUN,
@@ -290,7 +291,7 @@ def test_a_mounted_workspace_tmpfs_is_unmounted_and_removed():
     with sweep_base() as base:
         paths = make_roots(base, "mounted", record(pid=dead_pid()))
         paths.workspaces_dir.mkdir(mode=0o700)
-        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024))
+        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024).options)
         (paths.workspaces_dir / "leftover").write_text("query output\n")
         assert mounts_under(base) == [str(paths.workspaces_dir)]
         events = sweep(base)
@@ -304,7 +305,7 @@ def test_a_busy_tmpfs_is_detached_and_the_roots_removed():
     with sweep_base() as base:
         paths = make_roots(base, "busy", record(pid=dead_pid()))
         paths.workspaces_dir.mkdir(mode=0o700)
-        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024))
+        mount_tmpfs(paths.workspaces_dir, WorkQuota(16 * 1024**2, 1024).options)
         fd = os.open(paths.workspaces_dir / "held", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             events = sweep(base)

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 from bounded_query.broker.runner import Invocation, RunnerSettings
-from bounded_query.broker.workspace import read_result_file
 
 IMAGE = "bounded-query-python:latest"
 RUNTIMES = ("docker", "gvisor")
@@ -87,11 +86,6 @@ def new_invocation(
         workspace=workspace,
         script=script.encode() if isinstance(script, str) else script,
     )
-
-
-def read_answer(invocation: Invocation) -> bytes | None:
-    """The broker's own reader (O_NOFOLLOW, regular file, size cap)."""
-    return read_result_file(invocation.result_path)
 
 
 def leftover_containers(client, run_id: str, *, pin: bool = False) -> list[str]:

@@ -19,7 +19,6 @@ from tests.sandbox.helpers import (
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -45,7 +44,7 @@ async def test_attack_through_runner(capsys, engine, seed, work_root, runtime, a
     invocation = new_invocation(cfg, work_root, seed, attack.source)
     try:
         report = await runner.run(invocation)
-        raw = read_answer(invocation)
+        raw = report.result
         assert leftover_volumes(engine, cfg.run_id, role="query-repo") == []
         await runner.reconcile()
     finally:

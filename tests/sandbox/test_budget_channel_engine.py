@@ -31,16 +31,16 @@ from pathlib import Path
 import pytest
 import trio
 
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.harness.configuration.channel_policy import ALLOW_FLAG, channel_decision
 from bounded_query.sandbox import DockerRunner
-from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
+from bounded_query.sandbox.storage import tmpfs_quota
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
     RUNTIMES,
     make_seed,
     new_invocation,
-    read_answer,
     remove_seed,
     settings,
 )
@@ -93,9 +93,10 @@ async def _attack(runtime: str, confidential: Path, internal: Path, work: Path) 
             assert (await runner.run(enc)).failure is None
             assert remove_tree(enc.workspace)
             dec = new_invocation(cfg, work, internal, DECODER)
-            assert (await runner.run(dec)).failure is None
+            decoded = await runner.run(dec)
+            assert decoded.failure is None
             assert runner.isolated_storage is True
-            readings.append(float(json.loads(read_answer(dec) or b"-1")))
+            readings.append(float(json.loads(decoded.result or b"-1")))
             assert remove_tree(dec.workspace)
     finally:
         with trio.CancelScope(shield=True):
@@ -113,7 +114,7 @@ def attacked(request, engine, tmp_path_factory):
     internal = make_seed(base / "internal")
     work = base / "work"
     work.mkdir(mode=0o700)
-    mount_tmpfs(work, tmpfs_quota(256 * 1024**2))
+    mount_tmpfs(work, tmpfs_quota(256 * 1024**2).options)
     try:
         readings = trio.run(_attack, request.param, confidential, internal, work)
     finally:

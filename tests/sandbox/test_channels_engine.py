@@ -41,10 +41,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from bounded_query.broker.mounts import mount_tmpfs, unmount
 from bounded_query.broker.workspace import remove_tree
 from bounded_query.harness.configuration.channel_policy import channel_decision
 from bounded_query.sandbox import DockerRunner
-from bounded_query.sandbox.storage import mount_tmpfs, tmpfs_quota, unmount
+from bounded_query.sandbox.storage import tmpfs_quota
 from tests.sandbox import channels
 from tests.sandbox.helpers import (
     RUNTIMES,
@@ -53,7 +54,6 @@ from tests.sandbox.helpers import (
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -91,7 +91,7 @@ async def _trials(engine, runtime: str, seed: Path, work: Path):
             report = await runner.run(dec)
             assert report.failure is None, report
             assert "cold" not in report.phases  # it ran in the prepared container
-            observations.append(json.loads(read_answer(dec) or b"{}"))
+            observations.append(json.loads(report.result or b"{}"))
             assert remove_tree(dec.workspace)
             secret_list.append(secret)
         assert leftover_containers(engine, cfg.run_id) == []
@@ -109,7 +109,7 @@ async def _trials(engine, runtime: str, seed: Path, work: Path):
 def measured(request, engine, seed, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"channels-{request.param}") / "work"
     work.mkdir(mode=0o700)
-    mount_tmpfs(work, tmpfs_quota(256 * 1024**2))
+    mount_tmpfs(work, tmpfs_quota(256 * 1024**2).options)
     try:
         results, observations = trio.run(_trials, engine, request.param, seed, work)
     finally:

@@ -33,7 +33,6 @@ from tests.sandbox.helpers import (
     GIT_ENV,
     RUNTIMES,
     new_invocation,
-    read_answer,
     remove_seed,
     settings,
 )
@@ -108,7 +107,7 @@ async def test_clean_tree_from_stat_data_and_every_change_seen(
         inv = new_invocation(cfg, work_root, staged_seed, PROBE)
         report = await runner.run(inv)
         assert report.failure is None, report
-        facts = json.loads(read_answer(inv) or b"{}")
+        facts = json.loads(report.result or b"{}")
     finally:
         await runner.reconcile()
         runner.close()

@@ -24,7 +24,6 @@ from tests.sandbox.helpers import (
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -101,7 +100,7 @@ async def test_nothing_runs_in_a_prepared_container_before_its_request(
         report = await runner.run(invocation)
         assert report.failure is None, report
         assert "cold" not in report.phases  # it really ran in the prepared one
-        facts = json.loads(read_answer(invocation) or b"{}")
+        facts = json.loads(report.result or b"{}")
         assert facts["argv0"] == "/awf/query-script.py"
         assert facts["awf"] == ["query-script.py"]
         assert leftover_containers(engine, cfg.run_id) == []
@@ -118,15 +117,16 @@ async def test_nothing_of_an_invocation_reaches_the_next(engine, work_root, seed
         await runner.warm([seed])
         await runner.prepare(seed, work_root)
         first = new_invocation(cfg, work_root, seed, LITTER)
-        assert (await runner.run(first)).failure is None
-        assert read_answer(first) == b"true"
+        report = await runner.run(first)
+        assert report.failure is None
+        assert report.result == b"true"
         assert leftover_containers(engine, cfg.run_id) == []  # the sleeper died with it
         await runner.prepare(seed, work_root)  # as the broker's idle hook does
         second = new_invocation(cfg, work_root, seed, INSPECT)
         report = await runner.run(second)
         assert report.failure is None, report
         assert "cold" not in report.phases
-        return json.loads(read_answer(second) or b"{}")
+        return json.loads(report.result or b"{}")
 
     facts = await _with_runner(engine, runtime, body)
     assert facts["found"] == []
@@ -143,7 +143,7 @@ async def test_the_cold_path_runs_in_a_container_prepared_on_demand(
         assert {"cold", "create", "start", "deliver", "wait", "remove"} <= set(report.phases)
         assert leftover_containers(engine, cfg.run_id) == []
         assert runner.prepared.state(seed) is SlotState.EMPTY
-        return json.loads(read_answer(invocation) or b"{}")
+        return json.loads(report.result or b"{}")
 
     facts = await _with_runner(engine, runtime, body)
     # the same layout as a prepared container: no bit says whether one waited
@@ -162,9 +162,10 @@ async def test_a_script_can_tell_when_its_container_was_prepared(engine, work_ro
             prepared_at = time.monotonic()
             await trio.sleep(wait_s)
             invocation = new_invocation(cfg, work_root, seed, AGE)
-            assert (await runner.run(invocation)).failure is None
+            report = await runner.run(invocation)
+            assert report.failure is None
             elapsed = time.monotonic() - prepared_at
-            ages.append((float(read_answer(invocation) or b"nan"), wait_s, elapsed))
+            ages.append((float(report.result or b"nan"), wait_s, elapsed))
         return ages
 
     ages = await _with_runner(engine, "docker", body)

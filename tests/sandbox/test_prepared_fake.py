@@ -15,10 +15,10 @@ import docker.errors
 import pytest
 import trio
 
+from bounded_query.broker.mounts import unmount
 from bounded_query.broker.runner import Invocation
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from bounded_query.sandbox.prepared import SlotState
-from bounded_query.sandbox.storage import unmount
 from tests.sandbox.test_runner_fake import FakeAPI, invocation, make
 
 SCRIPT = b"print(1)"
@@ -96,7 +96,7 @@ def _unmount_slots(tmp_path):
 
 
 def prepared_runner(*, limit: int | None = None):
-    runner, _ = make(options=RunOptions(materialize="overlay", pin_page_cache=False))
+    runner, _ = make(options=RunnerOptions(materialize="overlay", pin_page_cache=False))
     api = PreparedAPI()
     runner._client_factory = lambda: api
     runner._client = None
@@ -157,7 +157,8 @@ async def test_a_request_takes_the_prepared_container(tmp_path):
     assert len([c for c in api.calls if c[0] == "create"]) == creates_before
     assert "cold" not in report.phases
     assert {"deliver", "wait", "remove"} <= set(report.phases)
-    assert (inv.workspace / "out").read_bytes() == b"true"
+    assert report.result == b"true"
+    assert os.listdir(inv.workspace) == []  # the answer is in the report, not a file
     assert runner.prepared.state(seed(tmp_path)) is SlotState.EMPTY
     assert_nothing_left(runner, api, tmp_path)
 
@@ -172,7 +173,7 @@ async def test_without_a_prepared_container_the_request_prepares_one(tmp_path):
     assert "start" in report.phases
     (cid,) = prepared_ids(api)
     assert api.delivered == {cid: SCRIPT}
-    assert (inv.workspace / "out").read_bytes() == b"false"
+    assert report.result == b"false"
     assert_nothing_left(runner, api, tmp_path)
 
 
@@ -195,7 +196,7 @@ async def test_a_failed_delivery_is_a_launch_failure(tmp_path):
     inv = request(tmp_path, "0c")
     report = await runner.run(inv)
     assert report.failure == "query-launch-failed"
-    assert (inv.workspace / "out").read_bytes() == b""  # nothing ran
+    assert report.result is None  # nothing ran
     assert_nothing_left(runner, api, tmp_path)
 
 

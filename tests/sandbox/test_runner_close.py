@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from bounded_query.broker.runner import RunnerSettings
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 from tests.conftest import require_engine
 from tests.sandbox.test_runner_fake import MEMORY, FakeAPI
 
@@ -50,7 +50,7 @@ def _runner(*, pin: bool = True) -> tuple[DockerRunner, list[NamedFakeAPI]]:
         return clients[-1]
 
     settings = RunnerSettings("docker", RUN_ID, "bounded-query-python:latest", 30, MEMORY)
-    options = RunOptions(materialize="tmpfs", pin_page_cache=pin)
+    options = RunnerOptions(materialize="tmpfs", pin_page_cache=pin)
     return DockerRunner(settings, options=options, client_factory=factory), clients
 
 
@@ -124,7 +124,7 @@ async def test_aclose_before_any_use_touches_no_engine():
 async def test_aclose_removes_the_real_pin_container(docker_client):
     require_engine()
     settings = RunnerSettings("docker", "ef" * 16, "bounded-query-python:latest", 30, MEMORY)
-    runner = DockerRunner(settings, options=RunOptions(materialize="tmpfs"))
+    runner = DockerRunner(settings, options=RunnerOptions(materialize="tmpfs"))
     try:
         await runner.warm([])
         assert runner.page_cache_pinned is True

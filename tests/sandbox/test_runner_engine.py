@@ -8,13 +8,12 @@ import pytest
 
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.runner import RunnerSettings, RunnerUnavailable
-from bounded_query.sandbox import DockerRunner, RunOptions, create_runner, sbx_capability_report
+from bounded_query.sandbox import DockerRunner, RunnerOptions, create_runner, sbx_capability_report
 from tests.sandbox.helpers import (
     RUNTIMES,
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -58,7 +57,7 @@ async def run_one(engine, work_root, seed, script, *, options=None, **kw):
     inv = new_invocation(cfg, work_root, seed, script)
     try:
         report = await runner.run(inv)
-        answer = read_answer(inv)
+        answer = report.result
         assert leftover_containers(engine, cfg.run_id) == []
         # only the per-seed view layer outlives an invocation
         assert leftover_volumes(engine, cfg.run_id, role="query-repo") == []
@@ -73,7 +72,7 @@ async def run_one(engine, work_root, seed, script, *, options=None, **kw):
 async def test_git_works_and_repo_is_private_and_writable(
     engine, work_root, seed, runtime, materialize
 ):
-    options = RunOptions(materialize=materialize)
+    options = RunnerOptions(materialize=materialize)
     report, answer = await run_one(
         engine, work_root, seed, GIT_AND_WRITE, runtime=runtime, options=options
     )
@@ -121,7 +120,7 @@ async def test_timeout_kills_and_removes(engine, work_root, seed, runtime):
         engine, work_root, seed, "import time\ntime.sleep(60)", runtime=runtime, timeout_s=2
     )
     assert report.failure == "query-timeout"
-    assert answer == b""
+    assert answer is None  # after a failure the runner returns no answer
     assert report.phases["wait"] < 10
 
 
@@ -239,7 +238,7 @@ async def test_warm_prepares_the_view_once(engine, work_root, seed):
         report = await runner.run(inv)
         assert report.failure is None
         assert report.phases["view"] < 0.1  # already prepared
-        assert read_answer(inv) == b"true"
+        assert report.result == b"true"
         assert await runner.reconcile() == 1  # only the page-cache pin (sandbox/pagecache.py)
     finally:
         runner.close()

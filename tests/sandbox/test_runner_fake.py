@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from bounded_query.broker.runner import Invocation, RunnerSettings, RunnerUnavailable
-from bounded_query.sandbox import DockerRunner, RunOptions
+from bounded_query.sandbox import DockerRunner, RunnerOptions
 
 MEMORY = 256 * 1024**2
 
@@ -142,7 +142,7 @@ def make(runtime="docker", *, timeout_s=30, materialize="tmpfs", options=None):
     cfg = RunnerSettings(runtime, "ab" * 16, "bounded-query-python:latest", timeout_s, MEMORY)
     runner = DockerRunner(
         cfg,
-        options=options or RunOptions(materialize=materialize, pin_page_cache=False),
+        options=options or RunnerOptions(materialize=materialize, pin_page_cache=False),
         client_factory=lambda: api,
     )
     return runner, api
@@ -165,13 +165,13 @@ async def test_success_prepares_workspace_and_removes_container(tmp_path):
     assert api.seen["script_mode"] == 0o444
     assert api.seen["out"] == b""
     # issue 9: the workspace was its own tmpfs while the query ran (as root),
-    # is unmounted afterwards, and only the answer is kept for the broker
+    # is unmounted afterwards, and the answer is in the report
     assert api.seen["mounted"] is (os.geteuid() == 0)
     assert runner.isolated_storage is (os.geteuid() == 0)
     assert not inv.workspace.is_mount()
-    assert (inv.workspace / "out").read_bytes() == b'{"x": 1}'
+    assert report.result == b'{"x": 1}'
     if os.geteuid() == 0:
-        assert sorted(os.listdir(inv.workspace)) == ["out"]
+        assert os.listdir(inv.workspace) == []
     assert [c[0] for c in api.calls] == ["create", "start", "wait", "remove"]
     assert api.containers_alive == set()
     assert set(report.phases) == {"storage", "prepare", "create", "start", "wait", "remove"}
@@ -251,14 +251,14 @@ async def test_a_bad_answer_is_not_kept(tmp_path):
     api.answer = b"x" * 9000  # over the 8 KiB cap: the broker must find nothing
     report = await runner.run(inv)
     assert report.failure is None
-    assert not (inv.workspace / "out").exists()
+    assert report.result is None
     assert not inv.workspace.is_mount()
 
 
 async def test_overlay_mode_prepares_view_once_and_removes_invocation_volume(tmp_path):
     # the cold path without prepared containers (prepared ones: test_prepared_fake.py)
     runner, api = make(
-        options=RunOptions(materialize="overlay", pin_page_cache=False, prepared=False)
+        options=RunnerOptions(materialize="overlay", pin_page_cache=False, prepared=False)
     )
     api.watch = tmp_path / "01"
     first = await runner.run(invocation(tmp_path, "01"))
@@ -301,7 +301,7 @@ async def test_warm_reports_readiness(tmp_path):
 
 
 async def test_timings_are_collected_from_logs(tmp_path):
-    options = RunOptions(("--timings",), collect_timings=True, materialize="tmpfs")
+    options = RunnerOptions(("--timings",), collect_timings=True, materialize="tmpfs")
     runner, api = make(options=options)
     report = await runner.run(invocation(tmp_path))
     assert report.phases["materialize"] == 0.5
@@ -346,7 +346,7 @@ async def test_reconcile_removes_listed_containers_and_raises_on_failure(tmp_pat
 
 def test_unknown_materialize_mode():
     with pytest.raises(ValueError, match="materialize"):
-        RunOptions(materialize="copy-everything")
+        RunnerOptions(materialize="copy-everything")
 
 
 def test_runner_refuses_sbx():
@@ -364,7 +364,7 @@ async def test_cancellation_still_removes(tmp_path, autojump_clock):
 
 
 async def test_page_cache_pin_starts_once_and_reconcile_resets_it(tmp_path):
-    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    runner, api = make(options=RunnerOptions(materialize="tmpfs"))
     assert await runner.warm([]) == {}
     assert runner.page_cache_pinned is True
     assert runner.degradations() == ()  # pinned: nothing to report
@@ -388,7 +388,7 @@ async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, monkeypatch):
     from bounded_query.sandbox import docker_runner
 
     monkeypatch.setattr(docker_runner, "PIN_TIMEOUT_S", 0.3)
-    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    runner, api = make(options=RunnerOptions(materialize="tmpfs"))
     api.pin_logs = b""
     api.running = True
     assert await runner.warm([]) == {}
@@ -406,7 +406,7 @@ async def test_a_pin_that_never_gets_ready_is_removed(tmp_path, monkeypatch):
 
 async def test_a_pin_that_dies_is_noticed_before_the_next_query_and_by_watch(tmp_path):
     """Removed from outside mid-run: no query container starts any more, and watch returns."""
-    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    runner, api = make(options=RunnerOptions(materialize="tmpfs"))
     await runner.warm([])
     assert runner.page_cache_pinned is True
     assert (await runner.run(invocation(tmp_path))).failure is None
@@ -425,7 +425,7 @@ async def test_a_pin_that_dies_is_noticed_before_the_next_query_and_by_watch(tmp
 async def test_watch_polls_the_pin_between_queries(tmp_path, autojump_clock):
     from bounded_query.sandbox.docker_runner import PIN_WATCH_S
 
-    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    runner, api = make(options=RunnerOptions(materialize="tmpfs"))
 
     async def inline(fn, *args, **kwargs):  # no worker thread: the mock clock stays exact
         return fn(*args, **kwargs)
@@ -448,7 +448,7 @@ async def test_watch_polls_the_pin_between_queries(tmp_path, autojump_clock):
 
 
 async def test_a_pin_that_never_started_is_no_loss_for_watch(tmp_path, autojump_clock):
-    runner, api = make(options=RunOptions(materialize="tmpfs"))
+    runner, api = make(options=RunnerOptions(materialize="tmpfs"))
     api.fail_create = True
     await runner.warm([])
     assert runner.page_cache_pinned is False

@@ -16,7 +16,6 @@ from tests.sandbox.helpers import (
     leftover_containers,
     leftover_volumes,
     new_invocation,
-    read_answer,
     settings,
 )
 
@@ -112,7 +111,7 @@ def observed(request, engine, seed, tmp_path_factory):
     assert leftover_containers(engine, cfg.run_id) == []
     assert leftover_volumes(engine, cfg.run_id) == []
     assert report.failure is None, report
-    return json.loads(read_answer(invocation) or b"{}")
+    return json.loads(report.result or b"{}")
 
 
 @pytest.mark.parametrize("name", DENIED)
@@ -154,7 +153,7 @@ def test_probe_is_sensitive_without_the_profile(engine, seed, tmp_path):
     assert leftover_containers(engine, cfg.run_id) == []
     assert leftover_volumes(engine, cfg.run_id) == []
     assert report.failure is None
-    loose = json.loads(read_answer(invocation) or b"{}")
+    loose = json.loads(report.result or b"{}")
     for name in ("ptrace", "unshare", "socket_AF_INET", "socket_AF_INET6", "io_uring_setup"):
         assert loose[name] != "EPERM", name
     for name in ("fadvise64", "mincore", "sysinfo"):

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bounded_query.broker.mounts import unmount
 from bounded_query.broker.runner import Invocation
-from bounded_query.broker.workspace import remove_tree, unmount
+from bounded_query.broker.workspace import remove_tree
 from bounded_query.sandbox.docker_runner import prepare_workspace, private_storage, release_storage
 from bounded_query.sandbox.storage import MIN_BYTES, TmpfsQuota, quota_bytes, tmpfs_quota
 
@@ -52,7 +53,7 @@ def test_every_invocation_starts_with_the_same_figures(tmp_path):
             for n in range(noise):  # what a query might leave behind
                 (inv.workspace / "upper" / f"f{n}").write_bytes(b"x" * 100)
         finally:
-            assert release_storage(inv)
+            assert release_storage(inv)[0]
         assert not inv.workspace.is_mount()
         assert remove_tree(inv.workspace)
     assert seen[0] == seen[1] == seen[2]
@@ -76,7 +77,7 @@ def test_quota_gives_enospc(tmp_path):
         assert code == errno.ENOSPC
         assert written <= 16  # 16 MiB quota
     finally:
-        assert release_storage(inv)
+        assert release_storage(inv)[0]
 
 
 @root_only
@@ -85,9 +86,21 @@ def test_release_keeps_only_a_valid_answer(tmp_path):
     assert private_storage(inv, 32 * MiB)
     prepare_workspace(inv)
     (inv.workspace / "out").write_bytes(b'{"a":1}')
-    assert release_storage(inv)
-    assert sorted(os.listdir(inv.workspace)) == ["out"]
-    assert (inv.workspace / "out").read_bytes() == b'{"a":1}'
+    assert release_storage(inv) == (True, b'{"a":1}')
+    assert os.listdir(inv.workspace) == []  # the answer went with the tmpfs
+
+
+@root_only
+def test_release_reads_no_symlinked_answer(tmp_path):
+    inv = _invocation(tmp_path, "link")
+    assert private_storage(inv, 32 * MiB)
+    prepare_workspace(inv)
+    secret = tmp_path / "secret"
+    secret.write_text('{"a":1}')
+    (inv.workspace / "out").unlink()
+    (inv.workspace / "out").symlink_to(secret)
+    assert release_storage(inv) == (True, None)
+    assert os.listdir(inv.workspace) == []
 
 
 @root_only

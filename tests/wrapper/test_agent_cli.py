@@ -336,7 +336,7 @@ def test_a_limits_fifo_or_directory_fails_closed_without_blocking(installed: Pat
 
 
 @pytest.mark.parametrize(
-    "fact", ["ENCLAVE_MAX_TASK_BYTES", "AGENT_FRAME_VERSION", "ENV_AGENT_SOCKET"]
+    "fact", ["ENCLAVE_MAX_TASK_BYTES", "AGENT_PROTOCOL_VERSION", "ENV_AGENT_SOCKET"]
 )
 def test_a_protocol_copy_without_a_fact_fails_closed(installed: Path, fact: str) -> None:
     """The facts are read, never guessed: a ``bq_protocol`` copy that lacks one
