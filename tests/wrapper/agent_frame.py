@@ -8,7 +8,9 @@ header of the ``X-AWF-`` family, one ``Content-Length`` and the task as the
 body: UTF-8, non-empty, at most ``maxTaskBytes``. The tests hold every
 request the wrapper sends to this reader, so a wrapper that adds, repeats,
 misspells or drops anything fails them (not only a byte-for-byte comparison
-with the wrapper's own framing, which would agree with itself).
+with the wrapper's own framing, which would agree with itself). It is
+stricter than the agent broker (no header beyond the transport's four) and
+then hands the headers to the broker's own ``parse_agent_frame`` too.
 """
 
 from __future__ import annotations
@@ -72,4 +74,9 @@ def parse_agent_frame(raw: bytes, max_task_bytes: int) -> AgentFrame:
         schema = protocol.decode_schema_header(seen[b"x-awf-schema-b64"][0])
     except protocol.RequestError as exc:
         raise FrameError(f"schema header: {exc}") from None
+    pairs = [(k, v) for k, values in seen.items() for v in values]
+    try:  # and what the agent broker itself accepts (an invalid schema included)
+        protocol.parse_agent_frame(pairs, body, max_task_bytes=max_task_bytes)
+    except protocol.RequestError as exc:
+        raise FrameError(f"the agent broker refuses it: {exc}") from None
     return AgentFrame(repo, schema, body)
