@@ -96,6 +96,7 @@ __all__ = [
     "QUERY_PROGRAM",
     "TEST_DEADLINE_ENV",
     "Facts",
+    "InstallationError",
     "Program",
     "UsageError",
     "agent_main",
@@ -345,6 +346,7 @@ def program_for(argv0: str) -> str:
 
 
 def query_program(facts: Facts) -> Program:
+    """``bounded-query``: protocol v2, the script as raw bytes (spec 14.3)."""
     return Program(
         QUERY_PROGRAM,
         facts.query_socket_env,
@@ -356,6 +358,8 @@ def query_program(facts: Facts) -> Program:
 
 
 def agent_program(facts: Facts, body_limit: int) -> Program:
+    """``bounded-agent``: the agent frame, the task as UTF-8 text of at most
+    ``body_limit`` bytes (spec 15.3)."""
     return Program(
         AGENT_PROGRAM,
         facts.agent_socket_env,
