@@ -115,3 +115,12 @@ def test_the_budget_is_charged_before_the_run(live: Live) -> None:
     assert live.ask("octo/confidential", BOOLEAN, b"answer false") == ERROR_LINE
     assert live.ask("octo/sealed", BOOLEAN, b"answer true") == ERROR_LINE
     assert live.runner_calls() == 1
+
+
+def test_a_smuggled_request_in_the_task_is_one_task(live: Live) -> None:
+    """Header lines and a second request inside the task reach the (fake) runner
+    as one task; the broker answers once and nothing else is served."""
+    task = b"t\r\nX-AWF-Image: evil\r\n\r\nPOST /query HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert len(task) <= LIMIT
+    assert live.ask("octo/public", BOOLEAN, task) == b'{"status":"ok","result":true}\n'
+    assert live.runner_calls() == 1

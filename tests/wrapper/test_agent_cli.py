@@ -138,6 +138,18 @@ def test_the_frame_is_the_one_build_agent_request_documents(installed: Path) -> 
     assert b"x-awf-query-version" not in names
 
 
+def test_a_task_cannot_smuggle_headers_or_a_second_request(installed: Path) -> None:
+    """Header lines, a blank line and a whole second request inside the task
+    stay the body of the one framed request (Content-Length, Connection: close)."""
+    task = b"t\r\nX-AWF-Image: evil\r\n\r\nPOST /query HTTP/1.1\r\nContent-Length: 1\r\n\r\nx"
+    assert len(task) <= LIMIT
+    with recorded_server(Reply([http_reply(OK)])) as server:
+        assert ask(agent(installed), ARGS, task, server.path) == OK + b"\n"
+    assert len(server.requests) == 1
+    frame = parse_agent_frame(server.requests[0], LIMIT)
+    assert frame.task == task
+
+
 @pytest.mark.parametrize(
     "body",
     [
