@@ -1,18 +1,26 @@
 #!/bin/sh
 """exec" python3 -I "$0" "$@"
-``bounded-query``: the agent's client for the bounded-query broker (spec 14.8, protocol v2).
+``bounded-query`` and ``bounded-agent``: the agent's clients for the two brokers
+(spec 14.8 protocol v2; spec 15.3 and 15.8, agent frame v1).
 
-Usage (the only accepted shape; the two options may come in either order)::
+One file, two programs: the harness installs it as ``bounded-query`` (in the
+query ingress) and as ``bounded-agent`` (in the agent ingress), and the name
+it is run under picks the program (:func:`program_for`; any other name is
+``bounded-query``). Usage (the only accepted shape; the two options may come
+in either order)::
 
     bounded-query --repo OWNER/REPO --schema 'SCHEMA_JSON' < query.py
+    bounded-agent --repo OWNER/REPO --schema 'SCHEMA_JSON' < task.txt
 
-Contract (spec 14.8): the wrapper always prints exactly one canonical JSON line
-on stdout -- ``{"status":"ok","result":...}`` or ``{"status":"error"}`` --
-writes nothing on stderr and exits 0, for both outcomes and for every failure
-(bad arguments, a missing socket, a broker that hangs past the deadline or dies
-mid-response, an internal bug).
+Contract (spec 14.8, 15.8): each prints exactly one canonical JSON line on
+stdout -- ``{"status":"ok","result":...}`` or ``{"status":"error"}`` -- writes
+nothing on stderr and exits 0, for both outcomes and for every failure (bad
+arguments, a missing socket, a broker that hangs past the deadline or dies
+mid-response, a broken installation, an internal bug).
 
-Theory of operation:
+Theory of operation (the two programs differ only in their :class:`Program`:
+the socket variable, the version header, the body's limit and whether it must
+be UTF-8; everything else is one code path):
 
 1. ``parse_argv`` enforces the fixed CLI shape locally: exactly ``--repo X``
    once and ``--schema JSON`` once as separate argv items. Any other option,
@@ -20,21 +28,40 @@ Theory of operation:
    not UTF-8 or over ``MAX_SCHEMA_BYTES``, and a repository that is not a
    plausible slug are rejected without contacting the broker. The wrapper does
    not validate the schema's structure or charge: that is the trusted broker's
-   job (14.8), and ``bounded-query-cost`` shows it to the agent beforehand.
-2. The script is read from stdin (a terminal on stdin is an error) as raw bytes,
-   capped at ``MAX_SCRIPT_BYTES``, and sent unmodified.
-3. ``build_request`` frames ``POST /query`` (HTTP/1.1) with the v2 headers; the
-   schema travels as canonical base64url (no padding) of its raw UTF-8 bytes.
-4. ``exchange`` talks to ``$AWF_BOUNDED_QUERY_SOCKET`` under one total deadline
-   (``DEADLINE_SECONDS``: the 600 s timing bucket plus a margin).
+   job, and ``bounded-query-cost`` shows it to the agent beforehand.
+2. The body is read from stdin (a terminal on stdin is an error) as raw bytes,
+   non-empty and capped: a query script at ``MAX_SCRIPT_BYTES``, sent
+   unmodified; a task at the run's ``maxTaskBytes`` (:func:`agent_task_limit`)
+   and strict UTF-8 too, sent verbatim. A local refusal spends nothing and,
+   unlike a broker refusal, does not count toward ``maxInvocations``.
+3. ``build_request`` / ``build_agent_request`` frame ``POST /query``
+   (HTTP/1.1); the schema travels as canonical base64url (no padding) of its
+   raw UTF-8 bytes in ``X-AWF-Schema-B64``.
+4. ``exchange`` talks to the program's socket variable
+   (``$AWF_BOUNDED_QUERY_SOCKET`` or ``$AWF_BOUNDED_AGENT_SOCKET``) under one
+   total deadline (``DEADLINE_SECONDS``: the 600 s timing bucket plus a margin).
 5. ``parse_response`` reads the HTTP response minimally but strictly (status
    200, no transfer coding, a Content-Length-framed or close-delimited body of
    bounded size) and ``canonical_body`` passes through only the two canonical
    shapes, byte for byte. Anything else becomes ``{"status":"error"}``.
 
+The protocol's facts (the canonical error body, the schema, script and slug
+limits, both frames' versions, the socket variables, the task bound) are not restated
+here: :func:`load_facts` reads them from the ``bq_protocol/`` copy of the
+broker's protocol package that the harness installs next to this file (only
+its two dependency-free modules, ``_constants.py`` and ``policy.py``, so the
+start-up cost stays a few milliseconds), or from ``../broker/protocol/`` (the
+source tree and the installed package). Without either the answer is the
+canonical error: :data:`CANONICAL_ERROR` is the one fact this file must know
+by itself, to say that much. The run's ``maxTaskBytes`` comes from
+``bounded-agent.json`` next to this file (:func:`encode_agent_limits`, written
+by the harness); where there is none (the console script, a copy in another
+ingress) the spec's upper bound applies. Either way the broker stays the
+authority: these checks only save the agent a wasted request.
+
 This file is deliberately one stdlib-only module that runs on Python >= 3.8:
-the harness copies it verbatim into the agent's wrapper directory as the
-executable ``bounded-query``. Keep it free of 3.9+ syntax and APIs.
+the harness copies it verbatim into the agent's wrapper directories. Keep it
+free of 3.9+ syntax and APIs.
 
 Isolated interpreter: executed directly, the file is a ``/bin/sh`` script
 whose first command is line 2, ``exec python3 -I "$0" "$@"`` (to the shell,
@@ -51,34 +78,61 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import socket
+import stat
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "AGENT_LIMITS_FILE",
+    "AGENT_PROGRAM",
     "CANONICAL_ERROR",
     "DEADLINE_SECONDS",
-    "MAX_SCHEMA_BYTES",
-    "MAX_SCRIPT_BYTES",
-    "SOCKET_ENV",
+    "QUERY_PROGRAM",
     "TEST_DEADLINE_ENV",
+    "Facts",
+    "InstallationError",
+    "Program",
     "UsageError",
+    "agent_main",
+    "agent_task_limit",
+    "build_agent_request",
     "build_request",
     "canonical_body",
+    "decode_agent_limits",
+    "encode_agent_limits",
+    "load_facts",
     "main",
     "parse_argv",
     "parse_response",
+    "program_for",
+    "read_body",
     "run",
 ]
 
-#: The one line printed for every failure (spec 14.4), without the newline.
+#: The line printed for every failure (spec 14.4), without the newline: the
+#: last resort when the protocol's own ``CANONICAL_ERROR_BODY`` cannot be
+#: loaded (a broken installation). Tests tie the two together.
 CANONICAL_ERROR = b'{"status":"error"}'
 
-#: Where the broker's Unix socket is (spec 14.8).
-SOCKET_ENV = "AWF_BOUNDED_QUERY_SOCKET"
+#: The names the harness installs this file under (one per subsystem).
+QUERY_PROGRAM = "bounded-query"
+AGENT_PROGRAM = "bounded-agent"
+
+#: The harness's ``maxTaskBytes`` for the agent (:func:`encode_agent_limits`),
+#: next to the installed ``bounded-agent``.
+AGENT_LIMITS_FILE = "bounded-agent.json"
+AGENT_LIMITS_VERSION = 1
+#: The limits document is a few dozen bytes; anything larger is not ours.
+MAX_AGENT_LIMITS_BYTES = 4096
+
+#: The directory name the harness gives its verbatim copy of broker/protocol/.
+SIBLING_PACKAGE = "bq_protocol"
 
 #: TEST-ONLY: a shorter total deadline in seconds, so tests of a hanging broker
 #: finish quickly. It can only shorten ``DEADLINE_SECONDS``, never extend it;
@@ -90,15 +144,6 @@ TEST_DEADLINE_ENV = "BOUNDED_QUERY_WRAPPER_TEST_DEADLINE"
 #: in-flight invocation tail and scheduling slack. Past it, the broker is
 #: considered dead and the answer is the canonical error.
 DEADLINE_SECONDS = 660.0
-
-#: Spec 14.3: the schema travels in a header; its raw UTF-8 bytes are capped.
-MAX_SCHEMA_BYTES = 4096
-
-#: Spec 14.3: the script's raw bytes are capped at 64 KiB.
-MAX_SCRIPT_BYTES = 64 * 1024
-
-#: A slug is owner (<= 39) + "/" + repo (<= 100); the whole is capped at 140.
-MAX_REPO_CHARS = 140
 
 #: The broker's response head is a handful of short fixed headers.
 MAX_RESPONSE_HEAD_BYTES = 16 * 1024
@@ -125,17 +170,217 @@ class ResponseError(ValueError):
     """The broker's response is not one we may pass through (broker's fault)."""
 
 
+class InstallationError(RuntimeError):
+    """The protocol facts or the agent limits are missing or malformed (the installer's fault)."""
+
+
+# --------------------------------------------------------------------------
+# 0. The protocol's facts, from the shipped copy of the broker's protocol package
+
+
+class Facts:
+    """What the wrapper needs of the broker's protocol package, read from it.
+
+    ``constants`` is ``_constants.py`` and ``policy`` is ``policy.py`` of that
+    package (both standard-library only and Python 3.8 clean), loaded as
+    standalone modules from ``directory``.
+    """
+
+    def __init__(self, directory: str, constants: ModuleType, policy: ModuleType) -> None:
+        self.directory = directory
+        c: Any = constants
+        p: Any = policy
+        self.canonical_error = bytes(c.CANONICAL_ERROR_BODY)
+        self.max_schema_bytes = int(c.MAX_SCHEMA_BYTES)
+        self.max_script_bytes = int(c.MAX_SCRIPT_BYTES)
+        self.max_slug_chars = int(c.MAX_SLUG_CHARS)
+        self.query_version = int(c.PROTOCOL_VERSION)
+        self.query_socket_env = str(p.ENV_SOCKET)
+        self.agent_socket_env = str(p.ENV_AGENT_SOCKET)
+        self.max_task_bytes = int(p.ENCLAVE_MAX_TASK_BYTES)
+        self.agent_version = int(p.AGENT_PROTOCOL_VERSION)
+
+
+def _load_file(name: str, path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InstallationError("cannot load " + path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def protocol_dirs(here: str) -> list[str]:
+    """Where the protocol package may be, in order: the harness's ``bq_protocol/``
+    sibling, then ``../broker/protocol`` (the source tree, the installed package)."""
+    return [
+        os.path.join(here, SIBLING_PACKAGE),
+        os.path.join(os.path.dirname(here), "broker", "protocol"),
+    ]
+
+
+_FACTS: dict[str, Facts] = {}
+
+
+def load_facts(here: str | None = None) -> Facts:
+    """The protocol facts for the wrapper installed in ``here`` (default: this
+    file's directory, symlinks not resolved); loaded once per directory.
+
+    Raises:
+        InstallationError: no protocol package, or one missing a fact
+            (then the only possible answer is the canonical error).
+    """
+    directory = os.path.abspath(here if here is not None else os.path.dirname(__file__))
+    cached = _FACTS.get(directory)
+    if cached is not None:
+        return cached
+    for candidate in protocol_dirs(directory):
+        constants = os.path.join(candidate, "_constants.py")
+        policy = os.path.join(candidate, "policy.py")
+        if os.path.isfile(constants) and os.path.isfile(policy):
+            try:
+                facts = Facts(
+                    candidate,
+                    _load_file("_bq_wrapper_constants", constants),
+                    _load_file("_bq_wrapper_policy", policy),
+                )
+            except (AttributeError, TypeError, ValueError) as exc:
+                raise InstallationError("protocol package lacks a fact: " + str(exc)) from None
+            _FACTS[directory] = facts
+            return facts
+    raise InstallationError("no protocol package next to " + directory)
+
+
+def encode_agent_limits(max_task_bytes: int) -> bytes:
+    """The ``bounded-agent.json`` document: ``{"version":1,"maxTaskBytes":N}``.
+
+    Written by the harness (the run's ``boundedAgents.maxTaskBytes``) next to
+    the installed ``bounded-agent``; read back by :func:`decode_agent_limits`.
+
+    Raises:
+        ValueError: ``max_task_bytes`` is not a positive integer.
+    """
+    if isinstance(max_task_bytes, bool) or not isinstance(max_task_bytes, int):
+        raise ValueError("maxTaskBytes must be an integer")
+    if max_task_bytes < 1:
+        raise ValueError("maxTaskBytes must be at least 1")
+    doc = {"version": AGENT_LIMITS_VERSION, "maxTaskBytes": max_task_bytes}
+    return json.dumps(doc, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def decode_agent_limits(data: bytes, upper: int) -> int:
+    """The ``maxTaskBytes`` of a ``bounded-agent.json`` document, at most ``upper``.
+
+    Raises:
+        InstallationError: anything but exactly the document
+            :func:`encode_agent_limits` writes, with a value in ``1..upper``.
+    """
+    if len(data) > MAX_AGENT_LIMITS_BYTES:
+        raise InstallationError(AGENT_LIMITS_FILE + ": too large")
+    try:
+        doc = json.loads(data.decode("utf-8", "strict"))
+    except (UnicodeDecodeError, ValueError):
+        raise InstallationError(AGENT_LIMITS_FILE + ": not JSON") from None
+    if not isinstance(doc, dict) or sorted(doc) != ["maxTaskBytes", "version"]:
+        raise InstallationError(AGENT_LIMITS_FILE + ": expected exactly version, maxTaskBytes")
+    value = doc["maxTaskBytes"]
+    if doc["version"] != AGENT_LIMITS_VERSION or type(value) is not int or not 1 <= value <= upper:
+        raise InstallationError(AGENT_LIMITS_FILE + ": bad version or maxTaskBytes")
+    return value
+
+
+def agent_task_limit(here: str, upper: int) -> int:
+    """The task limit: the harness's ``bounded-agent.json`` in ``here`` if there
+    is one (it must be valid then), else ``upper`` (spec 15.2's bound).
+
+    Raises:
+        InstallationError: the file exists but is unreadable or malformed.
+    """
+    path = os.path.join(here, AGENT_LIMITS_FILE)
+    # No symlink, and no blocking on a FIFO: only a regular file is read.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return upper
+    except OSError:
+        raise InstallationError(AGENT_LIMITS_FILE + ": cannot be opened") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InstallationError(AGENT_LIMITS_FILE + ": not a regular file")
+        data = os.read(fd, MAX_AGENT_LIMITS_BYTES + 1)
+    finally:
+        os.close(fd)
+    return decode_agent_limits(data, upper)
+
+
+class Program:
+    """What distinguishes the two clients; everything else is shared.
+
+    ``version_header`` is the complete header line (without CRLF),
+    ``body_limit`` the body's byte cap, ``utf8_body`` whether the body must be
+    strict UTF-8 (a task is text; a script goes as raw bytes).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        socket_env: str,
+        version_header: bytes,
+        content_type: bytes,
+        body_limit: int,
+        utf8_body: bool,
+    ) -> None:
+        self.name = name
+        self.socket_env = socket_env
+        self.version_header = version_header
+        self.content_type = content_type
+        self.body_limit = body_limit
+        self.utf8_body = utf8_body
+
+
+def program_for(argv0: str) -> str:
+    """The program a file run as ``argv0`` is: ``bounded-agent`` by that name,
+    ``bounded-query`` by any other (its historical and source-file names)."""
+    return AGENT_PROGRAM if os.path.basename(argv0) == AGENT_PROGRAM else QUERY_PROGRAM
+
+
+def query_program(facts: Facts) -> Program:
+    """``bounded-query``: protocol v2, the script as raw bytes (spec 14.3)."""
+    return Program(
+        QUERY_PROGRAM,
+        facts.query_socket_env,
+        b"X-AWF-Query-Version: " + str(facts.query_version).encode("ascii"),
+        b"application/octet-stream",
+        facts.max_script_bytes,
+        False,
+    )
+
+
+def agent_program(facts: Facts, body_limit: int) -> Program:
+    """``bounded-agent``: the agent frame, the task as UTF-8 text of at most
+    ``body_limit`` bytes (spec 15.3)."""
+    return Program(
+        AGENT_PROGRAM,
+        facts.agent_socket_env,
+        b"X-AWF-Agent-Version: " + str(facts.agent_version).encode("ascii"),
+        b"text/plain; charset=utf-8",
+        body_limit,
+        True,
+    )
+
+
 # --------------------------------------------------------------------------
 # 1. The fixed CLI shape
 
 
-def _is_plausible_repo(repo: str) -> bool:
+def _is_plausible_repo(repo: str, max_chars: int) -> bool:
     """A cheap local plausibility check; the broker applies the exact slug rule.
 
     Printable ASCII without spaces (so no header injection), one slash with
-    non-empty sides, at most ``MAX_REPO_CHARS`` characters.
+    non-empty sides, at most ``max_chars`` characters.
     """
-    if not 0 < len(repo) <= MAX_REPO_CHARS:
+    if not 0 < len(repo) <= max_chars:
         return False
     if any(not 0x21 <= ord(ch) <= 0x7E for ch in repo):
         return False
@@ -143,18 +388,19 @@ def _is_plausible_repo(repo: str) -> bool:
     return slash == "/" and owner != "" and name != "" and "/" not in name
 
 
-def parse_argv(argv: list[str]) -> tuple[str, bytes]:
-    """Check the fixed CLI shape (spec 14.8) and return ``(repo, schema_bytes)``.
+def parse_argv(argv: list[str], facts: Facts | None = None) -> tuple[str, bytes]:
+    """Check the fixed CLI shape (spec 14.8, 15.8) and return ``(repo, schema_bytes)``.
 
     ``argv`` excludes the program name. The schema is returned as the raw bytes
     the caller passed (argv is decoded by Python with surrogateescape, so
-    ``os.fsencode`` recovers them exactly).
+    ``os.fsencode`` recovers them exactly). ``facts`` default: :func:`load_facts`.
 
     Raises:
         UsageError: any other shape, a repeated or unknown flag, the
             ``--flag=value`` form, positionals, an empty, non-UTF-8 or
             oversize schema, or an implausible repository slug.
     """
+    limits = facts if facts is not None else load_facts()
     if len(argv) != 4:
         raise UsageError("expected exactly --repo REPO --schema JSON")
     values: dict[str, str] = {}
@@ -165,10 +411,10 @@ def parse_argv(argv: list[str]) -> tuple[str, bytes]:
             raise UsageError("option given twice")
         values[flag] = value
     repo = values["--repo"]
-    if not _is_plausible_repo(repo):
+    if not _is_plausible_repo(repo, limits.max_slug_chars):
         raise UsageError("repository is not an owner/repo slug")
     schema = os.fsencode(values["--schema"])
-    if not 0 < len(schema) <= MAX_SCHEMA_BYTES:
+    if not 0 < len(schema) <= limits.max_schema_bytes:
         raise UsageError("schema is empty or over the size limit")
     try:
         schema.decode("utf-8", "strict")
@@ -177,30 +423,37 @@ def parse_argv(argv: list[str]) -> tuple[str, bytes]:
     return repo, schema
 
 
-def read_script(stream: object) -> bytes:
-    """Read the script from stdin: raw bytes, non-empty, at most 64 KiB.
+def read_body(stream: object, limit: int, utf8: bool = False) -> bytes:
+    """Read the script or task from stdin: raw bytes, non-empty, at most ``limit``
+    (and strict UTF-8 when ``utf8``). At most ``limit + 1`` bytes are read.
 
     Raises:
-        UsageError: no stdin, a terminal on stdin, an empty or oversize script.
+        UsageError: no stdin, a terminal on stdin, an empty or oversize body,
+            a body that is not UTF-8 where it must be.
     """
     if stream is None:
         raise UsageError("no stdin")
     isatty = getattr(stream, "isatty", None)
     if isatty is None or isatty():
-        raise UsageError("the script must come on stdin, not from a terminal")
+        raise UsageError("the input must come on stdin, not from a terminal")
     buffer: Any = getattr(stream, "buffer", stream)
     chunks = []
     total = 0
-    while total <= MAX_SCRIPT_BYTES:
-        chunk = buffer.read(MAX_SCRIPT_BYTES + 1 - total)
+    while total <= limit:
+        chunk = buffer.read(limit + 1 - total)
         if not chunk:
             break
         chunks.append(bytes(chunk))
         total += len(chunk)
-    script = b"".join(chunks)
-    if not 0 < len(script) <= MAX_SCRIPT_BYTES:
-        raise UsageError("script is empty or over the size limit")
-    return script
+    body = b"".join(chunks)
+    if not 0 < len(body) <= limit:
+        raise UsageError("input is empty or over the size limit")
+    if utf8:
+        try:
+            body.decode("utf-8", "strict")
+        except UnicodeDecodeError:
+            raise UsageError("input is not UTF-8") from None
+    return body
 
 
 # --------------------------------------------------------------------------
@@ -212,20 +465,30 @@ def encode_schema(schema: bytes) -> bytes:
     return base64.urlsafe_b64encode(schema).rstrip(b"=")
 
 
-def build_request(repo: str, schema: bytes, script: bytes) -> bytes:
-    """Frame the v2 request (docs/architecture.md "Fixed interfaces") as exact bytes."""
+def _frame(program: Program, repo: str, schema: bytes, body: bytes) -> bytes:
     head = (
         b"POST /query HTTP/1.1\r\n"
-        b"Host: localhost\r\n"
-        b"X-AWF-Query-Version: 2\r\n"
+        b"Host: localhost\r\n" + program.version_header + b"\r\n"
         b"X-AWF-Repo: " + repo.encode("ascii") + b"\r\n"
         b"X-AWF-Schema-B64: " + encode_schema(schema) + b"\r\n"
-        b"Content-Type: application/octet-stream\r\n"
-        b"Content-Length: " + str(len(script)).encode("ascii") + b"\r\n"
+        b"Content-Type: " + program.content_type + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode("ascii") + b"\r\n"
         b"Connection: close\r\n"
         b"\r\n"
     )
-    return head + script
+    return head + body
+
+
+def build_request(repo: str, schema: bytes, script: bytes) -> bytes:
+    """Frame the v2 query request (docs/architecture.md "Fixed interfaces") as exact bytes."""
+    return _frame(query_program(load_facts()), repo, schema, script)
+
+
+def build_agent_request(repo: str, schema: bytes, task: bytes) -> bytes:
+    """Frame the v1 agent request (spec 15.3: ``X-AWF-Agent-Version: 1``, the
+    repository, the schema header, the task as the body) as exact bytes."""
+    facts = load_facts()
+    return _frame(agent_program(facts, facts.max_task_bytes), repo, schema, task)
 
 
 # --------------------------------------------------------------------------
@@ -334,8 +597,11 @@ def _check_depth(body: bytes) -> None:
             depth -= 1
 
 
-def canonical_body(body: bytes) -> bytes:
+def canonical_body(body: bytes, error: bytes | None = None) -> bytes:
     """Return ``body`` unchanged if it is one of the two canonical shapes.
+
+    ``error`` is the canonical error body (default: the protocol's, from
+    :func:`load_facts`).
 
     Accepted: exactly ``{"status":"error"}``, or ``{"status":"ok","result":V}``
     in the compact canonical encoding the broker produces (status first, no
@@ -346,7 +612,7 @@ def canonical_body(body: bytes) -> bytes:
     Raises:
         ResponseError: any other body.
     """
-    if body == CANONICAL_ERROR:
+    if body == (error if error is not None else load_facts().canonical_error):
         return body
     if not body.startswith(_OK_PREFIX) or not body.endswith(b"}"):
         raise ResponseError("not a canonical envelope")
@@ -430,23 +696,42 @@ def exchange(path: str, request: bytes, deadline: float) -> bytes:
 # 5. Entry points
 
 
-def run(argv: list[str], stdin: object, env: dict[str, str]) -> bytes:
-    """Do one query; return the line to print (without its newline).
+def run(
+    argv: list[str],
+    stdin: object,
+    env: dict[str, str],
+    program: str = QUERY_PROGRAM,
+    here: str | None = None,
+) -> bytes:
+    """Do one request of ``program``; return the line to print (without its newline).
 
-    Never raises an ``Exception``: every failure is the canonical error.
+    ``here`` is the directory the wrapper is installed in (default: this
+    file's): its protocol copy and, for ``bounded-agent``, its
+    ``bounded-agent.json``. Never raises an ``Exception``: every failure is
+    the canonical error.
     """
     started = time.monotonic()
+    error = CANONICAL_ERROR
     try:
-        repo, schema = parse_argv(argv)
-        script = read_script(stdin)
-        path = env.get(SOCKET_ENV, "")
+        directory = os.path.abspath(here if here is not None else os.path.dirname(__file__))
+        facts = load_facts(directory)
+        error = facts.canonical_error
+        if program == AGENT_PROGRAM:
+            chosen = agent_program(facts, agent_task_limit(directory, facts.max_task_bytes))
+        elif program == QUERY_PROGRAM:
+            chosen = query_program(facts)
+        else:
+            return error
+        repo, schema = parse_argv(argv, facts)
+        body = read_body(stdin, chosen.body_limit, chosen.utf8_body)
+        path = env.get(chosen.socket_env, "")
         if path == "":
-            return CANONICAL_ERROR
-        request = build_request(repo, schema, script)
-        body = exchange(path, request, started + _deadline_seconds(env))
-        return canonical_body(body)
+            return error
+        request = _frame(chosen, repo, schema, body)
+        answer = exchange(path, request, started + _deadline_seconds(env))
+        return canonical_body(answer, error)
     except Exception:
-        return CANONICAL_ERROR
+        return error
 
 
 def _emit(line: bytes) -> None:
@@ -465,22 +750,31 @@ def _emit(line: bytes) -> None:
             pass
 
 
-def main() -> int:
-    """Console-script entry point: print one canonical line, always exit 0."""
+def main(program: str | None = None) -> int:
+    """Entry point: print one canonical line, always exit 0.
+
+    ``program`` default: :func:`program_for` the name this process runs as.
+    """
     try:
-        # Nothing may ever reach stderr (spec 14.8), not even a warning or a
-        # traceback from a bug: silence it for the life of this process.
+        # Nothing may ever reach stderr (spec 14.8, 15.8), not even a warning
+        # or a traceback from a bug: silence it for the life of this process.
         with contextlib.suppress(Exception):
             sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - process lifetime
         line = CANONICAL_ERROR
         try:
-            line = run(sys.argv[1:], sys.stdin, dict(os.environ))
+            chosen = program if program is not None else program_for(sys.argv[0])
+            line = run(sys.argv[1:], sys.stdin, dict(os.environ), chosen)
         except BaseException:  # KeyboardInterrupt included: still one line, exit 0
             line = CANONICAL_ERROR
         _emit(line)
     except BaseException:
         pass
     return 0
+
+
+def agent_main() -> int:
+    """The ``bounded-agent`` console script (whatever name it was started by)."""
+    return main(AGENT_PROGRAM)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ one resource:
 * the resource ``bounded-query://SKILL.md`` is the file named by
   ``$AWF_BOUNDED_QUERY_SKILL``.
 
+and, only while ``$AWF_BOUNDED_AGENT_SOCKET`` is set (the bounded-agent
+subsystem is enabled, spec 15.8), a third tool and a second resource:
+
+* ``bounded_agent({repo, schema, task})`` forwards one task to the agent
+  broker exactly as the ``bounded-agent`` CLI does (the same sibling module's
+  ``run`` as that program), with the same canonical results;
+* the resource ``bounded-agent://SKILL.md`` is the file named by
+  ``$AWF_BOUNDED_AGENT_SKILL``.
+
 The ``schema`` argument (:data:`SCHEMA_ARGUMENT`) is a JSON object, the
 declared and preferred form (models write nested JSON more reliably than
 JSON escaped in a string), or JSON text of one, as ``--schema`` takes it.
@@ -28,9 +37,9 @@ repeated keys repeated, number tokens verbatim: :func:`compact_json`). The
 object has), then the broker's strict parser and charge decide, or the cost
 tool's copy of them.
 
-The server adds no capability: the broker stays the only trust boundary. The
-tool list is a constant, so it is the same for every run and names no
-repository, budget or sensitivity.
+The server adds no capability: the brokers stay the only trust boundary. The
+tool list is one of two constants (with or without ``bounded_agent``), so it
+names no repository, budget or sensitivity.
 
 Protocol revisions (theory of operation):
 
@@ -101,9 +110,12 @@ if TYPE_CHECKING:  # annotations only: the file must import on Python 3.8
     from collections.abc import Callable
 
     QueryFn = Callable[[str, bytes, bytes], str]
+    AgentFn = Callable[[str, bytes, bytes], str]
     CostFn = Callable[[bytes], str]
 
 __all__ = [
+    "AGENT_SKILL_URI",
+    "AGENT_TOOL",
     "HANDSHAKE_VERSIONS",
     "MAX_INT_TOKEN_CHARS",
     "MAX_IN_FLIGHT",
@@ -113,6 +125,7 @@ __all__ = [
     "SCHEMA_ARGUMENT",
     "SKILL_URI",
     "TOOLS",
+    "AgentBinding",
     "LineReader",
     "NumberText",
     "RepeatedKeys",
@@ -165,6 +178,15 @@ MAX_REPO_CHARS = 140
 
 SKILL_ENV = "AWF_BOUNDED_QUERY_SKILL"
 SKILL_URI = "bounded-query://SKILL.md"
+#: The bounded-agent subsystem's variables (spec 15.8); the tool is listed
+#: only while the socket variable is set. Tests tie the names to policy.
+AGENT_SOCKET_ENV = "AWF_BOUNDED_AGENT_SOCKET"
+AGENT_SKILL_ENV = "AWF_BOUNDED_AGENT_SKILL"
+AGENT_SKILL_URI = "bounded-agent://SKILL.md"
+#: Spec 15.2's upper bound of ``maxTaskBytes``, for the declared input schema
+#: (characters bound bytes from below; the run's exact byte limit is the
+#: ``bounded-agent`` wrapper's, from the ingress).
+MAX_TASK_BYTES = 65536
 
 #: ``ttlMs`` for the constant tool list (stateless era cache hint).
 STATIC_TTL_MS = 3600 * 1000
@@ -199,6 +221,26 @@ QUERY_DESCRIPTION = (
     " and catch exceptions in the script so it always writes a value of the schema."
     " Schema kinds: const, boolean, enum, integer (minimum..maximum), object, tuple,"
     " array (fixed length), union; see the resource " + SKILL_URI + "."
+)
+
+AGENT_INSTRUCTIONS = (
+    " bounded_agent asks a coding agent that reads the repository in a sandbox"
+    " (it sends repository content to its model provider: prefer bounded_query"
+    " when a script can answer); its budget is separate; read " + AGENT_SKILL_URI + "."
+)
+
+AGENT_DESCRIPTION = (
+    "Give a task in plain language to a coding agent that reads a read-only copy of one"
+    " private repository in a fresh sandbox (shell and read tools only) and must answer"
+    " with one value of the finite response schema you declare; you get back only that"
+    ' value: exactly {"status":"ok","result":<value>} or {"status":"error"}, and an error'
+    " never says why. The agent sends repository content to its model provider; prefer"
+    " bounded_query when a deterministic script can answer. Cost: 1 status bit +"
+    " ceil(log2(cardinality of the schema)) + 3 timing bits, debited from the"
+    " repository's bounded-agent run budget (separate from bounded_query's) before the"
+    " agent starts and never refunded; a refusal over budget costs no bits. Say in the"
+    " task exactly which value means what, and which value to give when the agent cannot"
+    " tell. Same schema language as bounded_query; see the resource " + AGENT_SKILL_URI + "."
 )
 
 COST_DESCRIPTION = (
@@ -348,6 +390,45 @@ RESOURCES: tuple[dict[str, Any], ...] = (
         "mimeType": "text/markdown",
     },
 )
+
+#: Listed after :data:`TOOLS` while the bounded-agent subsystem is enabled.
+AGENT_TOOL: dict[str, Any] = {
+    "name": "bounded_agent",
+    "title": "Ask a coding agent a bounded question about a private repository",
+    "description": AGENT_DESCRIPTION,
+    "inputSchema": {
+        "type": "object",
+        "properties": {
+            "repo": TOOLS[0]["inputSchema"]["properties"]["repo"],
+            "schema": SCHEMA_ARGUMENT,
+            "task": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_TASK_BYTES,
+                "description": "The task for the agent, plain UTF-8 text (at most the run's"
+                " maxTaskBytes, see the skill); say which schema value means what.",
+            },
+        },
+        "required": ["repo", "schema", "task"],
+        "additionalProperties": False,
+    },
+    "outputSchema": TOOLS[0]["outputSchema"],
+    "annotations": {
+        "title": "Ask a bounded agent",
+        "readOnlyHint": False,
+        "destructiveHint": False,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    },
+}
+
+#: Listed after :data:`RESOURCES` while the bounded-agent subsystem is enabled.
+AGENT_RESOURCE: dict[str, Any] = {
+    "uri": AGENT_SKILL_URI,
+    "name": "SKILL.md",
+    "title": "Bounded agents: repositories, budgets, the provider caveat, examples",
+    "mimeType": "text/markdown",
+}
 
 
 # --------------------------------------------------------------------------
@@ -654,21 +735,45 @@ class Deferred:
 Outcome = object
 
 
+class AgentBinding:
+    """The bounded-agent subsystem as a session sees it: ``call(repo,
+    schema_bytes, task_bytes)`` returns the canonical body text,
+    ``read_skill()`` the agent skill's text."""
+
+    __slots__ = ("call", "read_skill")
+
+    def __init__(self, call: AgentFn, read_skill: Callable[[], str]) -> None:
+        self.call = call
+        self.read_skill = read_skill
+
+
 class Session:
     """One connection's protocol state (sans-I/O: lines in, lines or work out).
 
     ``query(repo, schema_bytes, script_bytes)`` returns the canonical body
     text; ``cost(schema_bytes)`` the cost report JSON text; ``read_skill()``
-    the skill text. Each is injected so the protocol core is tested with
-    fakes and the I/O layer binds the real sibling modules.
+    the skill text; ``agent`` the bounded-agent subsystem, or None when it is
+    not enabled (then ``bounded_agent`` is neither listed nor callable).
+    Each is injected so the protocol core is tested with fakes and the I/O
+    layer binds the real sibling modules.
     """
 
-    def __init__(self, query: QueryFn, cost: CostFn, read_skill: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        query: QueryFn,
+        cost: CostFn,
+        read_skill: Callable[[], str],
+        agent: AgentBinding | None = None,
+    ) -> None:
         self.era = NEW
         self.version: str | None = None
         self._query = query
         self._cost = cost
         self._read_skill = read_skill
+        self._agent = agent
+
+    def _instructions(self) -> str:
+        return INSTRUCTIONS + (AGENT_INSTRUCTIONS if self._agent is not None else "")
 
     # -- entry point ------------------------------------------------------
 
@@ -782,7 +887,7 @@ class Session:
             "protocolVersion": version,
             "capabilities": self._capabilities(),
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION},
-            "instructions": INSTRUCTIONS,
+            "instructions": self._instructions(),
         }
 
     @staticmethod
@@ -831,7 +936,7 @@ class Session:
             result: dict[str, Any] = {
                 "supportedVersions": list(MODERN_VERSIONS),
                 "capabilities": self._capabilities(),
-                "instructions": INSTRUCTIONS,
+                "instructions": self._instructions(),
                 "_meta": {SERVER_INFO_KEY: {"name": SERVER_NAME, "version": SERVER_VERSION}},
             }
             return result_response(
@@ -840,12 +945,14 @@ class Session:
         if method == "ping":
             return result_response(request_id, self._complete({}, modern))
         if method == "tools/list":
-            tools = {"tools": [dict(tool) for tool in TOOLS]}
+            listed = TOOLS if self._agent is None else (*TOOLS, AGENT_TOOL)
+            tools = {"tools": [dict(tool) for tool in listed]}
             return result_response(
                 request_id, self._complete(tools, modern, ("public", STATIC_TTL_MS))
             )
         if method == "resources/list":
-            listing = {"resources": [dict(r) for r in RESOURCES]}
+            shown = RESOURCES if self._agent is None else (*RESOURCES, AGENT_RESOURCE)
+            listing = {"resources": [dict(r) for r in shown]}
             return result_response(
                 request_id, self._complete(listing, modern, ("public", STATIC_TTL_MS))
             )
@@ -861,13 +968,18 @@ class Session:
         raise RpcError(METHOD_NOT_FOUND, "Method not found")
 
     def _read_resource(self, params: dict[str, Any], modern: bool) -> dict[str, Any]:
-        if params.get("uri") != SKILL_URI:
+        uri = params.get("uri")
+        if uri == SKILL_URI:
+            read = self._read_skill
+        elif uri == AGENT_SKILL_URI and self._agent is not None:
+            read = self._agent.read_skill
+        else:
             raise RpcError(INVALID_PARAMS, "Resource not found")
         try:
-            text = self._read_skill()
+            text = read()
         except Exception:
             raise RpcError(INTERNAL_ERROR, "the skill file is not available") from None
-        contents = {"contents": [{"uri": SKILL_URI, "mimeType": "text/markdown", "text": text}]}
+        contents = {"contents": [{"uri": uri, "mimeType": "text/markdown", "text": text}]}
         return self._complete(contents, modern, ("private", 0))
 
     def _call_tool(self, request_id: Any, params: dict[str, Any], modern: bool) -> Outcome:
@@ -884,22 +996,32 @@ class Session:
                 raise RpcError(INTERNAL_ERROR, "the protocol module is not available") from None
             return result_response(request_id, _tool_result(report, modern))
         if name == "bounded_query":
-            args = _arguments(arguments, ("repo", "schema", "script"))
-            repo = _string_arg(args, "repo", 3, MAX_REPO_CHARS)
-            schema_bytes = schema_argument(args["schema"])
-            script_bytes = _utf8(_string_arg(args, "script", 1, MAX_SCRIPT_BYTES))
-            query = self._query
-
-            def work() -> str:
-                if schema_bytes is None or script_bytes is None:
-                    return _CANONICAL_ERROR  # not representable as UTF-8: never sent
-                return query(repo, schema_bytes, script_bytes)
-
-            def finish(text: str) -> bytes:
-                return result_response(request_id, _tool_result(text, modern))
-
-            return Deferred(work, finish)
+            return self._forward(request_id, arguments, modern, "script", self._query)
+        if name == "bounded_agent" and self._agent is not None:
+            return self._forward(request_id, arguments, modern, "task", self._agent.call)
         raise RpcError(INVALID_PARAMS, "Unknown tool")
+
+    def _forward(
+        self, request_id: Any, arguments: Any, modern: bool, body: str, send: QueryFn
+    ) -> Outcome:
+        """``bounded_query`` (body ``script``) or ``bounded_agent`` (body ``task``):
+        the closed arguments checked here, the call deferred to ``send`` (the
+        wrapper's ``run`` for that program, which makes the byte checks)."""
+        args = _arguments(arguments, ("repo", "schema", body))
+        repo = _string_arg(args, "repo", 3, MAX_REPO_CHARS)
+        schema_bytes = schema_argument(args["schema"])
+        limit = MAX_SCRIPT_BYTES if body == "script" else MAX_TASK_BYTES
+        body_bytes = _utf8(_string_arg(args, body, 1, limit))
+
+        def work() -> str:
+            if schema_bytes is None or body_bytes is None:
+                return _CANONICAL_ERROR  # not representable as UTF-8: never sent
+            return send(repo, schema_bytes, body_bytes)
+
+        def finish(text: str) -> bytes:
+            return result_response(request_id, _tool_result(text, modern))
+
+        return Deferred(work, finish)
 
 
 # --------------------------------------------------------------------------
@@ -932,8 +1054,12 @@ def _load_sibling(module_name: str, filenames: tuple[str, ...]) -> ModuleType | 
 
 
 def load_wrapper() -> ModuleType:
-    """The ``bounded-query`` wrapper module next to this file, else the installed one."""
-    sibling = _load_sibling("_bq_mcp_wrapper", ("bounded-query", "bounded_query_cli.py"))
+    """The wrapper module next to this file (installed as ``bounded-query`` in the
+    query ingress, as ``bounded-agent`` in the agent ingress: one file), else the
+    installed one."""
+    sibling = _load_sibling(
+        "_bq_mcp_wrapper", ("bounded-query", "bounded-agent", "bounded_query_cli.py")
+    )
     if sibling is not None:
         return sibling
     # Only the installed console script gets here (the copies have siblings).
@@ -952,24 +1078,34 @@ def load_cost_tool() -> ModuleType:
     return bounded_query_cost
 
 
-def real_query(env: dict[str, str]) -> QueryFn:
-    """``bounded_query`` through the wrapper's own ``run`` (same checks, same bytes)."""
+def real_query(env: dict[str, str], program: str = "bounded-query") -> QueryFn:
+    """``bounded_query`` (or, with ``program`` ``bounded-agent``, ``bounded_agent``)
+    through the wrapper's own ``run``: the same checks, the same bytes, the
+    same limits (the wrapper's directory's ``bq_protocol`` and, for the agent,
+    ``bounded-agent.json``)."""
     try:
         wrapper: Any = load_wrapper()
     except Exception:
         wrapper = None
 
-    def query(repo: str, schema: bytes, script: bytes) -> str:
+    def query(repo: str, schema: bytes, body: bytes) -> str:
         if wrapper is None:
             return _CANONICAL_ERROR
         # The wrapper takes argv as decoded by Python; surrogateescape gives
         # back exactly these bytes in its os.fsencode.
         argv = ["--repo", repo, "--schema", schema.decode("utf-8", "surrogateescape")]
-        line = wrapper.run(argv, io.BytesIO(script), dict(env))
+        line = wrapper.run(argv, io.BytesIO(body), dict(env), program)
         text: str = line.decode("utf-8", "strict")
         return text
 
     return query
+
+
+def real_agent(env: dict[str, str]) -> AgentBinding | None:
+    """The bounded-agent subsystem, or None when its socket variable is not set."""
+    if not env.get(AGENT_SOCKET_ENV):
+        return None
+    return AgentBinding(real_query(env, "bounded-agent"), real_skill(env, AGENT_SKILL_ENV))
 
 
 def real_cost(schema: bytes) -> str:
@@ -980,11 +1116,13 @@ def real_cost(schema: bytes) -> str:
     return report.rstrip("\n")
 
 
-def real_skill(env: dict[str, str]) -> Callable[[], str]:
+def real_skill(env: dict[str, str], variable: str = SKILL_ENV) -> Callable[[], str]:
+    """Read the skill file named by ``variable`` (on each read, capped)."""
+
     def read_skill() -> str:
-        path = env.get(SKILL_ENV, "")
+        path = env.get(variable, "")
         if not path:
-            raise FileNotFoundError(SKILL_ENV + " is not set")
+            raise FileNotFoundError(variable + " is not set")
         with open(path, "rb") as handle:
             data = handle.read(MAX_SKILL_BYTES + 1)
         if len(data) > MAX_SKILL_BYTES:
@@ -1081,7 +1219,7 @@ def main() -> int:
     except OSError:
         return 0
     env = dict(os.environ)
-    session = Session(real_query(env), real_cost, real_skill(env))
+    session = Session(real_query(env), real_cost, real_skill(env), real_agent(env))
     try:
         serve(0, Writer(out_fd), session)
     except BaseException:

@@ -21,11 +21,12 @@ the project (or ``claude mcp add-json``), Copilot CLI
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from bounded_query.broker.protocol import policy
 
 __all__ = [
+    "AGENT_SERVER_NAME",
     "CLIENTS",
     "CONFIG_FILES",
     "SERVER_COMMAND",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: The name the server is registered under in every client.
 SERVER_NAME = "bounded-query"
+#: The name of the same server registered for the bounded-agent subsystem
+#: (forwarding its three variables: ``AWF_BOUNDED_AGENT_*``).
+AGENT_SERVER_NAME = "bounded-agent"
 
 #: The MCP server as the agent sees it: first on PATH from the wrapper directory.
 SERVER_COMMAND = "bounded-query-mcp"
@@ -51,17 +55,20 @@ CONFIG_FILES: Mapping[str, str] = {
 CLIENTS = tuple(CONFIG_FILES)
 
 
-def server_env(values: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Each agent variable mapped to its literal value, or to a ``${VAR}`` reference.
+def server_env(
+    values: Mapping[str, str] | None = None,
+    variables: Sequence[str] = policy.AGENT_VARIABLES,
+) -> dict[str, str]:
+    """Each of ``variables`` mapped to its literal value, or to a ``${VAR}`` reference.
 
     Raises:
-        ValueError: ``values`` names a variable that is not an agent variable.
+        ValueError: ``values`` names a variable that is not one of ``variables``.
     """
     given = dict(values or {})
-    unknown = sorted(set(given) - set(policy.AGENT_VARIABLES))
+    unknown = sorted(set(given) - set(variables))
     if unknown:
         raise ValueError(f"not an agent variable: {', '.join(unknown)}")
-    return {name: given.get(name, "${" + name + "}") for name in policy.AGENT_VARIABLES}
+    return {name: given.get(name, "${" + name + "}") for name in variables}
 
 
 def _toml_string(value: str) -> str:
@@ -71,32 +78,35 @@ def _toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def _codex(command: str, values: Mapping[str, str]) -> str:
+def _codex(command: str, values: Mapping[str, str], name: str, variables: Sequence[str]) -> str:
     lines = [
-        f"[mcp_servers.{SERVER_NAME}]",
+        f"[mcp_servers.{name}]",
         f"command = {_toml_string(command)}",
         "args = []",
     ]
-    forwarded = [name for name in policy.AGENT_VARIABLES if name not in values]
+    forwarded = [v for v in variables if v not in values]
     if forwarded:
         lines.append("env_vars = [" + ", ".join(_toml_string(n) for n in forwarded) + "]")
     if values:
-        lines += ["", f"[mcp_servers.{SERVER_NAME}.env]"]
-        lines += [
-            f"{name} = {_toml_string(values[name])}"
-            for name in policy.AGENT_VARIABLES
-            if name in values
-        ]
+        lines += ["", f"[mcp_servers.{name}.env]"]
+        lines += [f"{v} = {_toml_string(values[v])}" for v in variables if v in values]
     return "\n".join(lines) + "\n"
 
 
 def render_mcp_config(
-    client: str, *, command: str = SERVER_COMMAND, values: Mapping[str, str] | None = None
+    client: str,
+    *,
+    command: str = SERVER_COMMAND,
+    values: Mapping[str, str] | None = None,
+    server_name: str = SERVER_NAME,
+    variables: Sequence[str] = policy.AGENT_VARIABLES,
 ) -> str:
     """The configuration snippet for ``client`` (one of :data:`CLIENTS`).
 
-    ``values`` gives literal values for some agent variables; the others are
-    forwarded from the client's environment.
+    ``values`` gives literal values for some of ``variables`` (default: the
+    query subsystem's three); the others are forwarded from the client's
+    environment. ``server_name`` is the registration's name
+    (:data:`AGENT_SERVER_NAME` for the bounded-agent subsystem's).
 
     Raises:
         ValueError: an unknown client, an empty command or an unknown variable.
@@ -106,12 +116,12 @@ def render_mcp_config(
     if not command:
         raise ValueError("the server command is empty")
     literal = dict(values or {})
-    env = server_env(literal)
+    env = server_env(literal, variables)
     if client == "codex":
-        return _codex(command, literal)
+        return _codex(command, literal, server_name, variables)
     server: dict[str, object] = {"command": command, "args": [], "env": env}
     if client == "claude":
         server = {"type": "stdio", **server}
     elif client == "copilot":
         server = {"type": "local", **server, "tools": ["*"]}
-    return json.dumps({"mcpServers": {SERVER_NAME: server}}, indent=2) + "\n"
+    return json.dumps({"mcpServers": {server_name: server}}, indent=2) + "\n"

@@ -9,6 +9,11 @@
   ``bounded-query-mcp`` (verbatim copies, 0555) and
   ``bq_protocol/`` (a verbatim copy of the broker's protocol package, so the
   cost tool computes charges with the very code the broker runs).
+* The bounded-agent subsystem's agent side (spec 15.8), below the agent
+  ingress root, same layout: ``skill/SKILL.md`` (the agent skill) and
+  ``skill/bin`` with ``bounded-agent`` (the same CLI file), the cost tool, the
+  MCP server, ``bq_protocol/`` and ``bounded-agent.json`` (the run's
+  ``maxTaskBytes``): :func:`write_agent_subsystem_side`.
 """
 
 from __future__ import annotations
@@ -29,18 +34,22 @@ from bounded_query.broker.config import (
 )
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import DEFAULT_DOCKER_HOST, DEFAULT_IMAGE
-from bounded_query.harness.configuration.config import BoundedQueriesConfig
+from bounded_query.harness.configuration.config import BoundedAgentsConfig, BoundedQueriesConfig
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.staging.seeds import StagedSeed, remove_read_only_tree
-from bounded_query.harness.staging.skill import render_skill
+from bounded_query.harness.staging.skill import render_agent_skill, render_skill
+from bounded_query.wrapper import bounded_query_cli
 
 __all__ = [
     "broker_config_doc",
     "create_ingress_root",
+    "install_agent_wrapper_dir",
     "install_wrapper_dir",
     "remove_roots",
     "seed_map_doc",
+    "write_agent_ingress_files",
     "write_agent_side",
+    "write_agent_subsystem_side",
     "write_json_private",
 ]
 
@@ -130,6 +139,11 @@ def install_wrapper_dir(wrapper_dir: Path) -> None:
     source = _wrapper_source_dir()
     for name, target in WRAPPER_FILES.items():
         _copy_read_only(source / name, wrapper_dir / target, 0o555)
+    _install_protocol_copy(wrapper_dir)
+
+
+def _install_protocol_copy(wrapper_dir: Path) -> None:
+    """``bq_protocol/``: the broker's protocol package, verbatim and read-only."""
     protocol_source = Path(next(iter(protocol.__path__)))
     package = wrapper_dir / PROTOCOL_PACKAGE
     package.mkdir(mode=0o755)
@@ -164,3 +178,57 @@ def remove_roots(paths: RunPaths) -> None:
     """Delete both roots (teardown)."""
     for root in (paths.ingress_root, paths.private_root):
         remove_read_only_tree(root)
+
+
+# --- 15.8 the bounded-agent subsystem's agent side -------------------------------------
+
+#: The agent ingress's wrapper directory: the client (the same file as
+#: ``bounded-query``, run as ``bounded-agent``), the cost tool (the charge
+#: algebra is the queries') and the MCP server, next to ``bq_protocol/`` and
+#: the run's task limit (``bounded-agent.json``).
+AGENT_WRAPPER_FILES = {
+    "bounded_query_cli.py": bounded_query_cli.AGENT_PROGRAM,
+    "bounded_query_cost.py": "bounded-query-cost",
+    "bounded_query_mcp.py": "bounded-query-mcp",
+}
+
+
+def install_agent_wrapper_dir(wrapper_dir: Path, max_task_bytes: int) -> None:
+    """Copy the bounded-agent tools and the protocol package verbatim, read-only,
+    and write ``bounded-agent.json`` (the run's ``maxTaskBytes``, so the CLI
+    refuses an oversize task locally; the broker enforces it regardless)."""
+    source = _wrapper_source_dir()
+    for name, target in AGENT_WRAPPER_FILES.items():
+        _copy_read_only(source / name, wrapper_dir / target, 0o555)
+    _install_protocol_copy(wrapper_dir)
+    limits = wrapper_dir / bounded_query_cli.AGENT_LIMITS_FILE
+    fd = os.open(limits, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(bounded_query_cli.encode_agent_limits(max_task_bytes))
+
+
+def write_agent_subsystem_side(paths: RunPaths, config: BoundedAgentsConfig) -> None:
+    """The agent ingress root of the bounded-agent subsystem (spec 15.8): ``run/``
+    for the agent broker's socket, ``skill/SKILL.md`` (:func:`render_agent_skill`)
+    and the read-only wrapper directory ``skill/bin`` with ``bounded-agent``;
+    then sealed, like the query side (:func:`write_agent_side`). ``paths`` are
+    the agent roots (same layout as the query roots).
+
+    Raises:
+        FileExistsError: the ingress root already exists (a stale run: the
+            sweep removes it, never this function).
+    """
+    try:
+        create_ingress_root(paths)
+    except FileExistsError:
+        raise FileExistsError(f"agent ingress root {paths.ingress_root} already exists") from None
+    write_agent_ingress_files(paths, config)
+    _seal(paths.skill_dir)
+
+
+def write_agent_ingress_files(paths: RunPaths, config: BoundedAgentsConfig) -> None:
+    """The agent ingress's files, into a created ingress root (``skill/bin``
+    still writable; the caller seals ``skill/`` afterwards): the wrapper
+    directory (:func:`install_agent_wrapper_dir`) and ``skill/SKILL.md``."""
+    install_agent_wrapper_dir(paths.wrapper_dir, config.max_task_bytes)
+    paths.skill_file.write_text(render_agent_skill(config), encoding="utf-8")

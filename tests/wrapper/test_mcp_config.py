@@ -10,7 +10,13 @@ import pytest
 
 from bounded_query.broker.protocol import policy
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.staging.mcp_config import CLIENTS, render_mcp_config, server_env
+from bounded_query.harness.staging.mcp_config import (
+    AGENT_SERVER_NAME,
+    CLIENTS,
+    SERVER_NAME,
+    render_mcp_config,
+    server_env,
+)
 
 REFERENCES = {name: "${" + name + "}" for name in policy.AGENT_VARIABLES}
 
@@ -97,3 +103,21 @@ def test_readme_shows_the_rendered_claude_snippet():
     assert render_mcp_config("claude").rstrip("\n") in readme
     for client in CLIENTS:
         assert f"mcp-config --client {client}" in readme
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_agent_registration_forwards_only_the_agent_variables(client):
+    """The bounded-agent skill's snippet: its own server name and its three
+    variables; a query variable given as a literal is refused."""
+    variables = policy.AGENT_SUBSYSTEM_VARIABLES
+    text = render_mcp_config(client, server_name=AGENT_SERVER_NAME, variables=variables)
+    for name in variables:
+        assert name in text
+    for name in policy.AGENT_VARIABLES:
+        assert name not in text
+    servers = (
+        tomllib.loads(text)["mcp_servers"] if client == "codex" else json.loads(text)["mcpServers"]
+    )
+    assert list(servers) == [AGENT_SERVER_NAME] != [SERVER_NAME]
+    with pytest.raises(ValueError, match="not an agent variable"):
+        render_mcp_config(client, variables=variables, values={policy.ENV_SOCKET: "/x"})

@@ -12,9 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from bounded_query.harness.staging.outputs import install_wrapper_dir
 from tests.conftest import require_python38
 from tests.wrapper.fakes import (
     ERROR_LINE,
@@ -29,6 +31,14 @@ from tests.wrapper.fakes import (
 )
 
 BOOLEAN = '{"type":"boolean"}'
+
+
+def install_copy(tmp_path: Path) -> Path:
+    """The wrapper as the harness installs it (with ``bq_protocol/``); its path."""
+    wrapper_dir = tmp_path / "bin"
+    wrapper_dir.mkdir()
+    install_wrapper_dir(wrapper_dir)
+    return wrapper_dir / "bounded-query"
 
 
 @pytest.fixture(params=sorted(wrapper_commands()))
@@ -187,11 +197,9 @@ def test_wrapper_file_has_shebang_and_main_guard():
 
 
 def test_copied_executable_works_in_isolation(tmp_path):
-    """The harness copies the file as ``bounded-query``; run it with -I -S."""
-    target = tmp_path / "bin" / "bounded-query"
-    target.parent.mkdir()
-    shutil.copyfile(WRAPPER_FILE, target)
-    target.chmod(0o755)
+    """The harness copies the file as ``bounded-query`` next to ``bq_protocol/``;
+    run it directly and with -I -S (no site-packages: only the copy can serve)."""
+    target = install_copy(tmp_path)
     reply = http_reply(b'{"status":"ok","result":true}')
     with recorded_server(Reply([reply])) as server:
         direct = run_wrapper(
@@ -210,10 +218,50 @@ def test_copied_executable_works_in_isolation(tmp_path):
     assert server.requests[0] == server.requests[1]
 
 
-def test_runs_on_a_real_python_3_8():
+def test_a_copy_without_its_protocol_package_fails_closed(tmp_path):
+    """Control: the limits and the error body come from ``bq_protocol/``; without
+    it the copy cannot check anything, so it answers the canonical error and
+    never connects."""
+    target = tmp_path / "bin" / "bounded-query"
+    target.parent.mkdir()
+    shutil.copyfile(WRAPPER_FILE, target)
+    target.chmod(0o755)
+    with silent_listener() as (path, listener):
+        outcome = run_wrapper(
+            [sys.executable, "-I", "-S", str(target)],
+            ["--repo", "a/b", "--schema", BOOLEAN],
+            socket_path=path,
+        )
+        contacted = was_contacted(listener)
+    assert (outcome.stdout, outcome.stderr, outcome.returncode) == (ERROR_LINE, b"", 0)
+    assert not contacted
+
+
+def test_the_limits_come_from_the_shipped_protocol_copy(tmp_path):
+    """A protocol copy with a smaller schema limit (a stand-in for a future
+    protocol) moves the wrapper's local refusal with it: the limit is read,
+    not restated."""
+    target = install_copy(tmp_path)
+    constants = target.parent / "bq_protocol" / "_constants.py"
+    constants.chmod(0o644)
+    text = constants.read_text(encoding="utf-8")
+    assert "MAX_SCHEMA_BYTES = 4096\n" in text
+    constants.write_text(text.replace("MAX_SCHEMA_BYTES = 4096\n", "MAX_SCHEMA_BYTES = 20\n"))
+    schema_20 = '{"type":"boolean"}  '
+    assert len(schema_20) == 20
+    reply = http_reply(b'{"status":"ok","result":true}')
+    with recorded_server(Reply([reply])) as server:
+        fits = run_wrapper(
+            [str(target)], ["--repo", "a/b", "--schema", schema_20], socket_path=server.path
+        )
+    assert fits.stdout == b'{"status":"ok","result":true}\n'
+    assert_rejected_locally([str(target)], ["--repo", "a/b", "--schema", schema_20 + " "])
+
+
+def test_runs_on_a_real_python_3_8(tmp_path):
     """The agent image may only have an old python3; 3.8 is the floor we promise."""
     python38 = require_python38()
-    cmd = [python38, str(WRAPPER_FILE)]
+    cmd = [python38, str(install_copy(tmp_path))]
     ok = b'{"status":"ok","result":{"tag":"a","value":[1,"\xc3\xa9\\n"]}}'
     with recorded_server(Reply([http_reply(ok)])) as server:
         outcome = run_wrapper(cmd, ["--schema", BOOLEAN, "--repo", "a/b"], socket_path=server.path)
