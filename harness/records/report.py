@@ -27,8 +27,11 @@ from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.records.usage import RunUsage, render_summary, usage_from_state
 
 __all__ = [
+    "AGENT_STATE_DIR",
     "REPORT_SCHEMA",
     "KeptState",
+    "count_usage_records",
+    "keep_agent_state",
     "keep_state",
     "load_state",
     "read_optional",
@@ -64,6 +67,34 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+#: Where ``--keep-state`` puts the bounded-agent subsystem's state (spec 15.1).
+AGENT_STATE_DIR = "bounded-agent"
+
+
+def count_usage_records(paths: RunPaths) -> int:
+    """Lines of the API proxy's usage log (0 when there is none; blocking)."""
+    raw = read_optional(paths.usage_log)
+    return 0 if raw is None else sum(1 for line in raw.splitlines() if line.strip())
+
+
+def keep_agent_state(paths: RunPaths, target: Path) -> list[str]:
+    """:func:`keep_state` for the agent private root, plus the proxy's usage records.
+
+    Never the credential, a seed, a workspace or the control socket.
+    """
+    copied = keep_state(paths, target)
+    raw = read_optional(paths.usage_log)
+    if raw is not None:
+        relative = paths.usage_log.relative_to(paths.private_root)
+        dest = target / relative
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+        copied.append(str(relative))
+    return copied
 
 
 def _kept_files(paths: RunPaths) -> tuple[Path, ...]:
