@@ -17,7 +17,7 @@ id and the harness (spec 15.1; DESIGN.md decision 10):
   (``policy.API_PROXY_CREDENTIAL_VARIABLES``) is read once from the
   harness's environment, removed from the run's environment (and wiped from
   the process's own environment block by ``orchestrate.run``), and written
-  as ``api-proxy/credential``, mode 0400, owned by the proxy's uid. It is
+  as ``proxy/credential``, mode 0400, owned by the proxy's uid. It is
   never in an argument, a variable, a label or an event of anything.
 * **Networks** (spec 15.6): the run's internal enclave network, named
   ``<ENCLAVE_NETWORK>-<run id prefix>`` and created with
@@ -33,9 +33,9 @@ id and the harness (spec 15.1; DESIGN.md decision 10):
   ``ENCLAVE_API_PROXY_ALIAS``, on the enclave network, plus the egress
   network; read-only root, no capabilities, no-new-privileges, as
   ``APIPROXY_UID``; its configuration through ``_config.encode_config``;
-  its control socket in ``api-proxy/control`` (0700, the proxy's uid, below
+  its control socket in ``proxy/control`` (0700, the proxy's uid, below
   the 0700 agent private root: only the broker's user, root, enters); its
-  usage records in ``api-proxy/usage``. It listens on the enclave-network
+  usage records in ``proxy/usage``. It listens on the enclave-network
   address only. Readiness is the control socket answering ``GET /status``.
   It carries ``LABEL_AGENT_HARNESS`` and never ``LABEL_AGENT_RUN``: the agent
   broker's reconcile removes every container with that label.
@@ -438,10 +438,10 @@ def _write_owned(path: Path, data: bytes, owner: tuple[int, int] | None, mode: i
 
 
 def write_proxy_files(plan: AgentPlan, credential: bytes) -> None:
-    """``api-proxy/`` (0700) with the 0400 credential file and the proxy's directories.
+    """``proxy/`` (0700) with the 0400 credential file and the proxy's directories.
 
     The files and the control and usage directories belong to the proxy's
-    uid (it reads and creates them from inside its container); ``api-proxy/``
+    uid (it reads and creates them from inside its container); ``proxy/``
     and the agent private root above stay the harness's, 0700.
     """
     paths = plan.paths
@@ -567,17 +567,27 @@ def start_proxy(plan: AgentPlan, net: AgentNetwork, docker_host: str) -> str:
 
 
 def _status(control_socket: Path) -> dict[str, Any] | None:
-    """The proxy's ``GET /status`` answer, or None while it does not answer."""
+    """The proxy's ``GET /status`` answer, or None while it does not answer.
+
+    Connected through an ``O_PATH`` descriptor of the socket's directory, so
+    the address is short whatever the state base's length (``sun_path``).
+    """
+    try:
+        directory = os.open(control_socket.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(2.0)
-            sock.connect(str(control_socket))
+            sock.connect(f"/proc/self/fd/{directory}/{control_socket.name}")
             sock.sendall(control_request("GET", "/status"))
             data = b""
             while part := sock.recv(65536):
                 data += part
     except OSError:
         return None
+    finally:
+        os.close(directory)
     head, _, body = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         return None

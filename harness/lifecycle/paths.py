@@ -15,7 +15,7 @@ same layout, ``awf-bounded-agent-private-<uid>-<digest>`` and
 ``awf-bounded-agent-ingress-<uid>-<digest>`` (:func:`agent_run_paths`, the
 same digest): the agent subsystem's own seeds, seed map, broker config,
 journal, audit log and workspaces, plus the API proxy's directory
-``api-proxy/`` (its configuration, the 0400 credential file, the control
+``proxy/`` (its configuration, the 0400 credential file, the control
 socket's directory and the usage records; :attr:`RunPaths.proxy_dir`).
 Once staged, the agent private root is 0700: an enclave reaches its seed
 only through the bind mount the engine makes, never by traversal.
@@ -163,8 +163,9 @@ class RunPaths:
 
     @property
     def proxy_dir(self) -> Path:
-        """``api-proxy/`` (0700): everything of the run's API proxy."""
-        return self.private_root / "api-proxy"
+        """``proxy/`` (0700): everything of the run's API proxy (short names: the
+        control socket's path must fit ``sun_path``, 108 bytes, under any base)."""
+        return self.private_root / "proxy"
 
     @property
     def proxy_config(self) -> Path:
@@ -184,7 +185,7 @@ class RunPaths:
     @property
     def proxy_control_socket(self) -> Path:
         """The proxy's control socket (arm/disarm), the agent broker's only."""
-        return self.proxy_control_dir / "control.sock"
+        return self.proxy_control_dir / "sock"
 
     @property
     def usage_dir(self) -> Path:
