@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from bounded_query.broker.apiproxy import parse_config as parse_proxy_config
 from bounded_query.broker.protocol.policy import (
@@ -495,3 +496,85 @@ def test_the_module_keeps_the_engine_out_of_its_pure_half():
     assert "import docker" not in head
     assert "import trio" not in head
     assert trio  # the run tests above are trio tests
+
+
+# -- records: the relay, --keep-state and report -------------------------------
+
+
+def _fill_state(paths, repos) -> None:
+    from tests.harness.test_harness_summary import audit_bytes, journal_bytes
+
+    for directory in (paths.journal.parent, paths.audit_log.parent, paths.usage_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    paths.journal.write_bytes(journal_bytes())
+    paths.audit_log.write_bytes(audit_bytes())
+    paths.broker_config.write_text(json.dumps({"version": 1, "runtime": "docker"}))
+    doc = {
+        "version": 1,
+        "repos": [
+            {"repo": r, "seedId": f"s{i}", "sensitivity": s, "commit": "0" * 40}
+            for i, (r, s) in enumerate(repos)
+        ],
+    }
+    paths.seed_map.write_text(json.dumps(doc))
+
+
+def test_keep_state_and_report_cover_the_agent_subsystem_but_never_its_credential(tmp_path):
+    import jsonschema
+
+    from bounded_query.harness.records.events import schema_path
+    from bounded_query.harness.records.report import (
+        REPORT_SCHEMA,
+        keep_agent_state,
+        keep_state,
+        load_state,
+        report_document,
+        report_markdown,
+    )
+    from tests.harness.test_harness_summary import REPOS
+
+    run_id = secrets.token_hex(16)
+    query = run_paths(UID, Path("/w"), run_id, tmp_path / "roots")
+    agent = agent_run_paths(UID, Path("/w"), run_id, tmp_path / "roots")
+    _fill_state(query, REPOS)
+    _fill_state(agent, REPOS)
+    agent.usage_log.write_text('{"category": "forwarded"}\n{"category": "refused"}\n')
+    agent.proxy_credential.write_text(CREDENTIAL)
+    kept = tmp_path / "kept"
+    copied = keep_state(query, kept)
+    copied += [f"bounded-agent/{name}" for name in keep_agent_state(agent, kept / "bounded-agent")]
+    assert "bounded-agent/proxy/usage/usage.jsonl" in copied
+    assert "bounded-agent/audit/audit.jsonl" in copied
+    assert not [name for name in copied if "credential" in name]
+    for _dirpath, _dirs, files in os.walk(kept):
+        for name in files:
+            assert CREDENTIAL.encode() not in (Path(_dirpath) / name).read_bytes()
+    state = load_state(kept)
+    assert state.agents is not None
+    assert state.agents.usage_records == 2
+    text = report_markdown(state)
+    assert "### Bounded queries — runtime `docker`, from the kept state" in text
+    assert "### Bounded agents — runtime `docker`, from the kept state" in text
+    assert "API proxy usage records: 2." in text
+    doc = report_document(state)
+    schema = json.loads(schema_path(REPORT_SCHEMA).read_text(encoding="utf-8"))
+    jsonschema.validate(doc, schema)
+    assert doc["boundedAgents"]["usageRecords"] == 2
+    assert doc["boundedAgents"]["repos"] == doc["repos"]  # the same fixture on both ledgers
+    # A crashed run's query root finds its sibling agent root.
+    assert load_state(query.private_root).agents is not None
+    assert "boundedAgents" not in report_document(load_state(kept, with_agents=False))
+
+
+async def test_the_agent_brokers_lines_are_relayed_naming_the_subsystem():
+    from bounded_query.harness.lifecycle.broker_log import relay_broker_log
+
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    stream = io.StringIO()
+    sink = EventSink(stream)
+    await send.send_all(b'{"event": "broker-ready", "subsystem": "forged"}\nnot json\n')
+    await send.aclose()
+    await relay_broker_log(receive, sink, SUBSYSTEM_AGENT)
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [r["event"] for r in records] == ["broker-ready", "broker-line-unparsed"]
+    assert [r["subsystem"] for r in records] == [SUBSYSTEM_AGENT] * 2
