@@ -257,11 +257,14 @@ async def run_confined_agent(
     docker_host: str,
     broker_pid: int | None,
     agents: tuple[RunPaths, tuple[str, ...]] | None = None,
+    agent_broker_pid: int | None = None,
 ) -> int:
     """Start the agent in the requested mode (after the host check for a host agent).
 
     ``agents``: the bounded-agent roots and slugs (their variables and, in a
-    container, their ingress directories), when that subsystem is on.
+    container, their ingress directories), when that subsystem is on; a host
+    agent is then checked against the agent private root, journal, socket
+    and broker as well.
     """
     container = not options.agent_on_host
     agent_env = agent_environment(env, paths, config, container=container, agents=agents)
@@ -294,6 +297,17 @@ async def run_confined_agent(
             docker_host=docker_host,
         )
         problems = await trio.to_thread.run_sync(host_agent_problems, check)
+        if not problems and agents is not None:
+            agent_paths = agents[0]
+            agent_check = HostCheck(
+                user=user,
+                private_root=agent_paths.private_root,
+                journal=agent_paths.journal,
+                socket_path=agent_paths.socket_path,
+                pids=tuple(p for p in (agent_broker_pid,) if p is not None),
+                docker_host=docker_host,
+            )
+            problems = await trio.to_thread.run_sync(host_agent_problems, agent_check)
         if problems:
             problems_event(sink, "preflight_error", problems)
             sink.emit("preflight_failed", problems=len(problems))

@@ -450,6 +450,7 @@ async def run(
                                 agents=None
                                 if agent_plan is None
                                 else (agent_plan.paths, agent_plan.config.slugs),
+                                agent_broker_pid=getattr(state.agent_broker, "pid", None),
                             )
                             await report_lost_protections(paths, broker, announced, sink)
                             if await trio.to_thread.run_sync(broker.exited) is not None:
