@@ -63,6 +63,9 @@ CREDENTIAL = "sk-ant-api03-REALCRED-" + os.urandom(12).hex()
 REAP_LIMIT_S = 30.0
 START_LIMIT_S = 120.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT_IMAGE = "bounded-query-agent:latest"
+#: The agent's uid (the workspace's owner: the container agent runs as it).
+AGENT_UID = 20004
 
 AGENT = r"""
 import base64, json, os, socket, sys, time
@@ -181,14 +184,24 @@ def _inspect_live_run(client: Any, base: Path) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("mode", ["host", "container"])
 async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_credential(
-    engine, tmp_path, monkeypatch
+    engine, tmp_path, monkeypatch, mode
 ):
+    if mode == "container":
+        try:
+            engine.images.get(AGENT_IMAGE)
+        except Exception:
+            pytest.fail(f"{AGENT_IMAGE} is missing: run .ci/build-images")
     monkeypatch.setattr(orchestrate, "load_reported", with_agents())
     source = tmp_path / "src"
     make_repo(source, {"README.md": "hello\n"})
-    report, gate = tmp_path / "report.json", tmp_path / "gate"
-    (tmp_path / "agent.py").write_text(AGENT)
+    workspace = Path(tempfile.mkdtemp(prefix="bq-agents-ws-", dir="/var/tmp"))
+    os.chmod(workspace, 0o755)
+    os.chown(workspace, AGENT_UID, AGENT_UID)
+    report, gate = workspace / "report.json", workspace / "gate"
+    (workspace / "agent.py").write_text(AGENT)
+    python = sys.executable if mode == "host" else "python3"
     summary = tmp_path / "summary.md"
     stream = io.StringIO()
     live: dict[str, Any] = {}
@@ -196,11 +209,11 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
     with var_tmp_base() as base:
         options = RunOptions(
             config_source=str(_config(tmp_path)),
-            agent=(sys.executable, str(tmp_path / "agent.py"), str(report), str(gate)),
+            agent=(python, str(workspace / "agent.py"), str(report), str(gate)),
             seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
+            workspace=workspace,
             base=base,
-            **HOST_AGENT,
+            **(HOST_AGENT if mode == "host" else {}),
         )
         env = {
             "PATH": os.environ["PATH"],
@@ -224,10 +237,11 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
             finally:
                 gate.write_text("go")
         assert os.listdir(base) == []
+    seen = json.loads(report.read_text()) if report.exists() else {}
+    shutil.rmtree(workspace, ignore_errors=True)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     notable = [e for e in events if "fail" in e["event"] or "error" in e["event"]]
     assert status == [0], json.dumps(notable or events[-8:])
-    seen = json.loads(report.read_text())
     # The agent's view (spec 15.8) and the canonical refusal (spec 15.3).
     assert seen["AWF_BOUNDED_AGENT_REPOS"] == "octo/alpha"
     assert "awf-bounded-agent-ingress-" in seen[ENV_AGENT_SOCKET]
