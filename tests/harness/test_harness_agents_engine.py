@@ -295,8 +295,19 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
     assert {"broker_ready", "broker_stopped", "roots_removed"} <= {e["event"] for e in agent_events}
     relayed = [e for e in events if e["_schema"] == "bounded-query-broker/v1"]
     assert any(e.get("subsystem") == "bounded-agent" for e in relayed)
+    stamps = {e["event"]: e["timestamp"] for e in events if e.get("subsystem") == "bounded-agent"}
+    print(f"bounded-agent setup ({mode}):", {k: stamps.get(k) for k in _SETUP_EVENTS})
     # Nothing of the run is left.
     assert _run_objects(engine, run_id) == []
+
+
+_SETUP_EVENTS = (
+    "agent_network_created",
+    "api_proxy_started",
+    "api_proxy_ready",
+    "broker_started",
+    "broker_ready",
+)
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -377,6 +388,7 @@ def test_a_sigkilled_harness_leaves_no_proxy_enclave_network_or_agent_root(engin
             seconds = time.monotonic() - killed
             assert left == [], left
             assert seconds < REAP_LIMIT_S
+            print(f"bounded-agent reap after SIGKILL: {seconds:.2f} s")
             wait_gone(int(armed["pid"]), REAP_LIMIT_S)
             reaped = next(e for e in _events(stderr) if e["event"] == "reaper_reaped")
             assert reaped["roots"] == "removed"
