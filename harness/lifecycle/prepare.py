@@ -46,7 +46,11 @@ from bounded_query.broker.protocol.policy import (
 )
 from bounded_query.harness.agent.launch import sweep_agent_containers
 from bounded_query.harness.configuration.channel_policy import NON_ROOT_MISSING
-from bounded_query.harness.configuration.config import BoundedQueriesConfig, LoadedConfig
+from bounded_query.harness.configuration.config import (
+    BoundedQueriesConfig,
+    LoadedConfig,
+    Problem,
+)
 from bounded_query.harness.configuration.preflight import (
     runtime_problems,
     staging_token,
@@ -337,7 +341,20 @@ async def prepare(
     (``compose-down`` does). The caller mounts the workspace quota
     (``compose`` does, and ``compose-down`` unmounts it). Returns None after
     a reported failure, having removed what it created.
+
+    Bounded agents are not composed yet (their proxy, networks and broker
+    are ``run``'s): an enabled ``boundedAgents`` section is refused here,
+    before anything is staged, rather than silently left out.
     """
+    if loaded.agents.enabled:
+        problem = Problem(
+            "boundedAgents.enabled",
+            "bounded agents are not available with compose yet",
+            "use `bounded-query-harness run`, or disable the section for compose",
+        )
+        problems_event(sink, "preflight_error", [problem])
+        sink.emit("preflight_failed", problems=1, subsystem=SUBSYSTEM_AGENT)
+        return None
     state = RunState(config=loaded.config)
     plan = plan_run(
         options,

@@ -578,3 +578,24 @@ async def test_the_agent_brokers_lines_are_relayed_naming_the_subsystem():
     records = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [r["event"] for r in records] == ["broker-ready", "broker-line-unparsed"]
     assert [r["subsystem"] for r in records] == [SUBSYSTEM_AGENT] * 2
+
+
+async def test_compose_refuses_an_enabled_agents_section_before_staging(tmp_path):
+    from bounded_query.harness.configuration.config import BoundedQueriesConfig, LoadedConfig
+    from bounded_query.harness.lifecycle.prepare import prepare
+
+    loaded = LoadedConfig(
+        BoundedQueriesConfig(enabled=True, private_repos=(PrivateRepo("octo/q", "internal"),)),
+        (),
+        "test",
+        agents=AGENTS,
+    )
+    stream = io.StringIO()
+    with var_tmp_base() as base:
+        options = RunOptions(config_source="-", agent=("true",), workspace=tmp_path, base=base)
+        env = {"PATH": os.environ["PATH"]}
+        assert await prepare(options, loaded, env, EventSink(stream)) is None
+        assert os.listdir(base) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["event"] for e in events] == ["preflight_error", "preflight_failed"]
+    assert "compose" in json.dumps(events[0])
