@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import io
+import ipaddress
 import json
 import os
 import shutil
@@ -90,6 +91,43 @@ report["status_line"] = data.split(b"\r\n", 1)[0].decode()
 json.dump(report, open(out, "w"))
 while not os.path.exists(gate):
     time.sleep(0.05)
+# The attacker's side: the test names what the agent must not reach.
+try:
+    targets = json.load(open(gate))
+except ValueError:
+    sys.exit(0)
+probe = {}
+def exchange(address):
+    # What an unarmed proxy would answer, or whatever else is at that address.
+    try:
+        with socket.create_connection((address, targets["port"]), timeout=3) as sock:
+            sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: awf-api-proxy:8080\r\n"
+                         b"content-length: 0\r\nconnection: close\r\n\r\n")
+            data = b""
+            while len(data) < 4096:
+                part = sock.recv(4096)
+                if not part:
+                    break
+                data += part
+            return data.decode("latin-1")
+    except OSError as exc:
+        return type(exc).__name__
+probe["proxy_tcp"] = exchange(targets["address"])
+probe["nobody_tcp"] = exchange(targets["nobody"])
+for name, path in targets["files"].items():
+    try:
+        open(path, "rb").read()
+        probe[name] = "read"
+    except OSError as exc:
+        probe[name] = type(exc).__name__
+try:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(3)
+        sock.connect(targets["control"])
+    probe["control"] = "connected"
+except OSError as exc:
+    probe["control"] = type(exc).__name__
+json.dump(probe, open(out + ".probe", "w"))
 """
 
 
@@ -181,7 +219,32 @@ def _inspect_live_run(client: Any, base: Path) -> dict[str, Any]:
             h for root in base.iterdir() for h in _files_holding(root, CREDENTIAL.encode())
         ],
         "control_socket": stat.S_ISSOCK(os.lstat(private / "proxy" / "control" / "sock").st_mode),
+        "targets": {
+            "address": _enclave_address(proxy),
+            # An address of the same subnet where nothing is (the comparison:
+            # this machine's network may answer any TCP connection itself).
+            "nobody": str(ipaddress.ip_address(_enclave_address(proxy)) + 9),
+            "port": 8080,
+            "files": {
+                "credential": str(credential_file),
+                "proxy_config": str(private / "proxy" / "proxy.json"),
+                "agent_seed_map": str(private / "seed-map.json"),
+            },
+            "control": str(private / "proxy" / "control" / "sock"),
+        },
     }
+
+
+def _undated(response: str) -> str:
+    """A response without its ``date`` header (two requests may straddle a second)."""
+    return "\r\n".join(
+        line for line in response.split("\r\n") if not line.lower().startswith("date:")
+    )
+
+
+def _enclave_address(proxy: dict[str, Any]) -> str:
+    networks = proxy["NetworkSettings"]["Networks"]
+    return str(next(v["IPAddress"] for k, v in networks.items() if "egress" not in k))
 
 
 @pytest.mark.parametrize("mode", ["host", "container"])
@@ -235,9 +298,13 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
                 if report.exists() and not status:
                     live.update(await trio.to_thread.run_sync(_inspect_live_run, engine, base))
             finally:
-                gate.write_text("go")
+                staged = gate.with_name("gate.tmp")
+                staged.write_text(json.dumps(live["targets"]) if live else "go")
+                staged.rename(gate)
         assert os.listdir(base) == []
     seen = json.loads(report.read_text()) if report.exists() else {}
+    probe_file = report.with_name(report.name + ".probe")
+    probe = json.loads(probe_file.read_text()) if probe_file.exists() else {}
     shutil.rmtree(workspace, ignore_errors=True)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     notable = [e for e in events if "fail" in e["event"] or "error" in e["event"]]
@@ -251,6 +318,18 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
     assert seen["status_line"] == "HTTP/1.1 200 OK"
     assert seen["response"] == '{"status":"error"}'
     assert ENV_AGENT_REPOS in seen
+    # From the agent's side: the proxy's enclave address is unreachable (an
+    # internal network without a bridge address); in its container nothing of
+    # the agent private root exists (the unconfined host agent is root: it
+    # reads everything, which is why that mode is degraded).
+    print(f"bounded-agent probe from the agent ({mode}):", json.dumps(probe)[:600])
+    assert _undated(probe["proxy_tcp"]) == _undated(probe["nobody_tcp"]), probe
+    assert "application/json" not in probe["proxy_tcp"], probe
+    if mode == "container":
+        assert probe["credential"] == "FileNotFoundError", probe
+        assert probe["proxy_config"] == "FileNotFoundError", probe
+        assert probe["agent_seed_map"] == "FileNotFoundError", probe
+        assert probe["control"] in ("FileNotFoundError", "ConnectionRefusedError"), probe
     # The live topology (spec 15.6).
     run_id = live["run_id"]
     proxy = live["proxy"]
