@@ -306,6 +306,19 @@ async def run(
     if loaded is None:
         sink.emit("run_end", status=EXIT_HARNESS, phase="config")
         return EXIT_HARNESS
+    if loaded.agents.enabled and not loaded.config.enabled:
+        # Not silently dropped: the agent subsystem runs next to the query one
+        # (its staging, sweep and reaper ride on the query roots) for now.
+        problem = Problem(
+            "boundedAgents.enabled",
+            "bounded agents need boundedQueries enabled in this version",
+            "enable boundedQueries (it may list no repository you would not query),"
+            " or disable boundedAgents",
+        )
+        problems_event(sink, "preflight_error", [problem])
+        sink.emit("preflight_failed", problems=1, subsystem=SUBSYSTEM_AGENT)
+        sink.emit("run_end", status=EXIT_HARNESS, phase="preflight")
+        return EXIT_HARNESS
     if not loaded.config.enabled:
         sink.emit("bounded_queries_disabled")
         status = await _run_agent_only(options, env, sink)

@@ -599,3 +599,29 @@ async def test_compose_refuses_an_enabled_agents_section_before_staging(tmp_path
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["event"] for e in events] == ["preflight_error", "preflight_failed"]
     assert "compose" in json.dumps(events[0])
+
+
+async def test_agents_without_queries_are_refused_not_dropped(tmp_path, fake_engine, monkeypatch):
+    monkeypatch.setattr(orchestrate, "load_reported", _with_agents(AGENTS))
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"boundedQueries": {"enabled": False}}))
+    marker = tmp_path / "agent-ran"
+    stream = io.StringIO()
+    with var_tmp_base() as base:
+        options = RunOptions(
+            config_source=str(config),
+            agent=("touch", str(marker)),
+            workspace=tmp_path,
+            base=base,
+            broker_command=FAKE_BROKER,
+            probe_runtime=False,
+            **HOST_AGENT,
+        )
+        env = {"PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": CREDENTIAL}
+        status = await run(options, EventSink(stream), env)
+        assert os.listdir(base) == []
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert status == 2
+    assert not marker.exists()
+    assert "boundedQueries" in json.dumps([e for e in events if e["event"] == "preflight_error"])
+    assert CREDENTIAL not in stream.getvalue()
