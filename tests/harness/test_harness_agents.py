@@ -625,3 +625,54 @@ async def test_agents_without_queries_are_refused_not_dropped(tmp_path, fake_eng
     assert not marker.exists()
     assert "boundedQueries" in json.dumps([e for e in events if e["event"] == "preflight_error"])
     assert CREDENTIAL not in stream.getvalue()
+
+
+async def test_a_host_agent_user_is_checked_against_the_agent_root_and_broker_too(
+    tmp_path, monkeypatch
+):
+    from bounded_query.harness.agent import supervise
+    from bounded_query.harness.configuration.config import BoundedQueriesConfig, Problem
+
+    checks: list = []
+
+    def host_agent_problems(check):  # a fake probe: the agent root's check fails
+        checks.append(check)
+        if check.private_root.name.startswith("awf-bounded-agent-private-"):
+            return [Problem("--agent-user", "can traverse the private root", "fix")]
+        return []
+
+    monkeypatch.setattr(supervise, "host_agent_problems", host_agent_problems)
+    run_id = secrets.token_hex(16)
+    query = run_paths(UID, tmp_path, run_id, tmp_path)
+    agent = agent_run_paths(UID, tmp_path, run_id, tmp_path)
+    marker = tmp_path / "agent-ran"
+    options = RunOptions(
+        config_source="-",
+        agent=("touch", str(marker)),
+        workspace=tmp_path,
+        agent_on_host=True,
+        agent_user=AgentUser(20005, 20005),
+    )
+    stream = io.StringIO()
+    status = await supervise.run_confined_agent(
+        options,
+        {"PATH": os.environ["PATH"]},
+        supervise.Supervision(),
+        options.agent_user,
+        EventSink(stream),
+        paths=query,
+        config=BoundedQueriesConfig(enabled=True),
+        run_id=run_id,
+        docker_host="unix:///nonexistent.sock",
+        broker_pid=4321,
+        agents=(agent, ("octo/alpha",)),
+        agent_broker_pid=1234,
+    )
+    assert status == 2
+    assert not marker.exists()
+    query_check, agent_check = checks
+    assert query_check.private_root == query.private_root
+    assert query_check.pids == (os.getpid(), 4321)
+    assert (agent_check.private_root, agent_check.journal) == (agent.private_root, agent.journal)
+    assert agent_check.socket_path == agent.socket_path
+    assert agent_check.pids == (1234,)
