@@ -619,3 +619,36 @@ CATEGORY_ENCLAVE_PROXY = "enclave-proxy"
 #: Runner failure: the wall-clock timeout ran out and the container was killed
 #: (the query runner's literal in FAILURE_CATEGORIES, named for the enclave runner).
 CATEGORY_TIMEOUT = "query-timeout"
+
+# --- 15 bounded agents: the run's lifecycle (agent-lifecycle) ---------------------------
+
+#: Label of the engine objects the harness itself creates for the bounded-agent
+#: subsystem (the API-proxy container, the enclave and egress networks); the
+#: value is the run id. Never :data:`LABEL_AGENT_RUN`: the agent broker's
+#: reconcile removes everything with that label, and must not remove its proxy.
+LABEL_AGENT_HARNESS = "awf.bounded-agent.harness"
+#: The pool the enclave network's subnet is taken from (one ``/28`` per run,
+#: chosen from the run id, the next block on an overlap): outside Docker's
+#: default address pools (172.17.0.0/12, 192.168.0.0/16).
+ENCLAVE_SUBNET_POOL = "10.213.0.0/16"
+ENCLAVE_SUBNET_PREFIX = 28
+#: The API proxy's TCP port on the enclave network (the engine's base URL).
+API_PROXY_PORT = 8080
+#: The harness variables holding the real provider credential, per engine
+#: (spec 15.6, ENGINES.md): read once, wiped, written as the proxy's 0400 file.
+API_PROXY_CREDENTIAL_VARIABLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"claude": ("ANTHROPIC_API_KEY",)}
+)
+#: The upstream of each engine's provider when the configuration names none.
+API_PROXY_DEFAULT_UPSTREAMS: Mapping[str, str] = MappingProxyType(
+    {"claude": "https://api.anthropic.com"}
+)
+
+__all__ += [
+    "API_PROXY_CREDENTIAL_VARIABLES",
+    "API_PROXY_DEFAULT_UPSTREAMS",
+    "API_PROXY_PORT",
+    "ENCLAVE_SUBNET_POOL",
+    "ENCLAVE_SUBNET_PREFIX",
+    "LABEL_AGENT_HARNESS",
+]

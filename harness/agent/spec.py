@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from bounded_query.broker.protocol import policy
 from bounded_query.broker.protocol.policy import LABEL_OWNER, LABEL_ROLE, LABEL_RUN
-from bounded_query.harness.lifecycle.paths import PRIVATE_PREFIX
+from bounded_query.harness.lifecycle.paths import AGENT_PRIVATE_PREFIX, PRIVATE_PREFIX
 from bounded_query.harness.staging.tokens import TOKEN_VARIABLES
 
 __all__ = [
@@ -106,7 +106,7 @@ def default_agent_user(workspace_uid: int, workspace_gid: int) -> AgentUser:
 
 
 def _names_private_root(value: str, private_root: str) -> bool:
-    return private_root in value or PRIVATE_PREFIX in value
+    return private_root in value or PRIVATE_PREFIX in value or AGENT_PRIVATE_PREFIX in value
 
 
 def agent_environment(
@@ -118,6 +118,7 @@ def agent_environment(
     wrapper_dir: str,
     private_root: str,
     container: bool,
+    agents: tuple[str, str, tuple[str, ...]] | None = None,
 ) -> dict[str, str]:
     """The agent's environment (spec 14.8).
 
@@ -126,7 +127,8 @@ def agent_environment(
     plus the three ``AWF_BOUNDED_QUERY_*`` variables and the wrapper directory
     first on PATH. In a container the host's PATH, HOME and working-directory
     variables are replaced (HOME becomes ``/tmp``, the container's writable
-    scratch directory).
+    scratch directory). With bounded agents on, ``agents`` is their socket,
+    SKILL.md and slugs: the three ``AWF_BOUNDED_AGENT_*`` variables (spec 15.8).
     """
     out: dict[str, str] = {}
     for key, value in env.items():
@@ -140,6 +142,11 @@ def agent_environment(
     out[policy.ENV_SOCKET] = socket_path
     out[policy.ENV_SKILL] = skill_file
     out[policy.ENV_REPOS] = ",".join(slugs)
+    if agents is not None:
+        agent_socket, agent_skill, agent_slugs = agents
+        out[policy.ENV_AGENT_SOCKET] = agent_socket
+        out[policy.ENV_AGENT_SKILL] = agent_skill
+        out[policy.ENV_AGENT_REPOS] = ",".join(agent_slugs)
     if container:
         out["PATH"] = f"{wrapper_dir}:{CONTAINER_PATH}"
         out["HOME"] = "/tmp"
@@ -166,13 +173,21 @@ class AgentContainer:
     tty: bool = False
     cpuset: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: The bounded-agent ingress directories (spec 15.8): (host path, read-only),
+    #: mounted at their host paths like the query ones.
+    extra_mounts: tuple[tuple[str, bool], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"agent image {self.image!r} is not an image reference")
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
             raise ValueError("the agent command is empty")
-        mounts = (self.workspace, self.socket_dir, self.skill_dir)
+        mounts = (
+            self.workspace,
+            self.socket_dir,
+            self.skill_dir,
+            *(p for p, _ in self.extra_mounts),
+        )
         for path in mounts:
             if not path.startswith("/") or "\0" in path:
                 raise ValueError(f"mount source {path!r} is not an absolute path")
@@ -191,7 +206,8 @@ def container_body(spec: AgentContainer) -> dict[str, object]:
 
     Exactly three bind mounts, each at its host path: the workspace
     (read-write), the socket directory (read-write), the skill/wrapper
-    directory (read-only). ``CapDrop: ALL``, ``no-new-privileges``, a private
+    directory (read-only); with bounded agents, their socket directory and
+    skill directory after them. ``CapDrop: ALL``, ``no-new-privileges``, a private
     PID and IPC namespace, no devices, no extra groups, ``Init`` for signal
     forwarding; ``CpusetCpus`` when given.
     """
@@ -210,6 +226,7 @@ def container_body(spec: AgentContainer) -> dict[str, object]:
             bind(spec.workspace, False),
             bind(spec.socket_dir, False),
             bind(spec.skill_dir, True),
+            *(bind(path, read_only) for path, read_only in spec.extra_mounts),
         ],
         "CapDrop": ["ALL"],
         "SecurityOpt": ["no-new-privileges:true"],

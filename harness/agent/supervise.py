@@ -164,8 +164,12 @@ def agent_environment(
     config: BoundedQueriesConfig,
     *,
     container: bool = False,
+    agents: tuple[RunPaths, tuple[str, ...]] | None = None,
 ) -> dict[str, str]:
-    """The agent's environment (spec 14.8; ``agent_spec.agent_environment``)."""
+    """The agent's environment (spec 14.8, 15.8; ``agent_spec.agent_environment``).
+
+    ``agents``: the bounded-agent roots and slugs, when that subsystem is on.
+    """
     return _agent_environment(
         env,
         socket_path=str(paths.socket_path),
@@ -174,6 +178,9 @@ def agent_environment(
         wrapper_dir=str(paths.wrapper_dir),
         private_root=str(paths.private_root),
         container=container,
+        agents=None
+        if agents is None
+        else (str(agents[0].socket_path), str(agents[0].skill_file), agents[1]),
     )
 
 
@@ -205,6 +212,7 @@ def _container_launcher(
     *,
     run_id: str,
     docker_host: str,
+    agent_paths: RunPaths | None = None,
 ) -> AgentLauncher:
     tty = stdin_is_terminal() if options.agent_tty is None else options.agent_tty
 
@@ -217,6 +225,9 @@ def _container_launcher(
                 workspace=str(options.workspace),
                 socket_dir=str(paths.socket_dir),
                 skill_dir=str(paths.skill_dir),
+                extra_mounts=()
+                if agent_paths is None
+                else ((str(agent_paths.socket_dir), False), (str(agent_paths.skill_dir), True)),
                 env=env,
                 user=user,
                 run_id=run_id,
@@ -245,10 +256,18 @@ async def run_confined_agent(
     run_id: str,
     docker_host: str,
     broker_pid: int | None,
+    agents: tuple[RunPaths, tuple[str, ...]] | None = None,
+    agent_broker_pid: int | None = None,
 ) -> int:
-    """Start the agent in the requested mode (after the host check for a host agent)."""
+    """Start the agent in the requested mode (after the host check for a host agent).
+
+    ``agents``: the bounded-agent roots and slugs (their variables and, in a
+    container, their ingress directories), when that subsystem is on; a host
+    agent is then checked against the agent private root, journal, socket
+    and broker as well.
+    """
     container = not options.agent_on_host
-    agent_env = agent_environment(env, paths, config, container=container)
+    agent_env = agent_environment(env, paths, config, container=container, agents=agents)
     if container:
         assert user is not None
         sink.emit(
@@ -259,7 +278,13 @@ async def run_confined_agent(
             network=options.agent_network,
         )
         launch = _container_launcher(
-            options, agent_env, paths, user, run_id=run_id, docker_host=docker_host
+            options,
+            agent_env,
+            paths,
+            user,
+            run_id=run_id,
+            docker_host=docker_host,
+            agent_paths=None if agents is None else agents[0],
         )
         return await start_agent(launch, sup, sink)
     if user is not None:
@@ -272,6 +297,17 @@ async def run_confined_agent(
             docker_host=docker_host,
         )
         problems = await trio.to_thread.run_sync(host_agent_problems, check)
+        if not problems and agents is not None:
+            agent_paths = agents[0]
+            agent_check = HostCheck(
+                user=user,
+                private_root=agent_paths.private_root,
+                journal=agent_paths.journal,
+                socket_path=agent_paths.socket_path,
+                pids=tuple(p for p in (agent_broker_pid,) if p is not None),
+                docker_host=docker_host,
+            )
+            problems = await trio.to_thread.run_sync(host_agent_problems, agent_check)
         if problems:
             problems_event(sink, "preflight_error", problems)
             sink.emit("preflight_failed", problems=len(problems))

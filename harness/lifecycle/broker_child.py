@@ -71,10 +71,17 @@ class ChildBroker:
     (owned from now on; None when the stderr goes to a file).
     """
 
-    def __init__(self, process: subprocess.Popen[bytes], log_fd: int | None = None) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        log_fd: int | None = None,
+        subsystem: str | None = None,
+    ) -> None:
         self._process = process
         self._log_fd = log_fd
         self._relayed: trio.Event | None = None
+        #: Named in every relayed record (the bounded-agent broker's; None: the query broker).
+        self.subsystem = subsystem
 
     async def relay_log(self, sink: EventSink) -> None:
         """Relay the broker's stderr through ``sink`` until it closes (run this
@@ -84,7 +91,7 @@ class ChildBroker:
             return
         done = self._relayed = trio.Event()
         try:
-            await relay_broker_log(trio.lowlevel.FdStream(fd), sink)
+            await relay_broker_log(trio.lowlevel.FdStream(fd), sink, self.subsystem)
         finally:
             done.set()
 
@@ -171,11 +178,14 @@ def _spawn_broker(
     )
 
 
-async def start_child_broker(options: Any, paths: RunPaths, env: Mapping[str, str]) -> ChildBroker:
+async def start_child_broker(
+    options: Any, paths: RunPaths, env: Mapping[str, str], subsystem: str | None = None
+) -> ChildBroker:
     """Start ``options.broker_command --config PATH`` (a ``BrokerStarter`` for ``run``).
 
     The broker's stderr is ``options.broker_log`` (appended) when set, else
-    a pipe for :meth:`ChildBroker.relay_log`.
+    a pipe for :meth:`ChildBroker.relay_log`. ``paths`` are the bounded-agent
+    roots for the agent broker (``subsystem`` then names it in its records).
     """
     log_fd: int | None = None
     if options.broker_log is not None:
@@ -195,4 +205,4 @@ async def start_child_broker(options: Any, paths: RunPaths, env: Mapping[str, st
         raise
     finally:
         os.close(stderr)
-    return ChildBroker(process, log_fd)
+    return ChildBroker(process, log_fd, subsystem)

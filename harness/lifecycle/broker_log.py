@@ -170,14 +170,19 @@ def broker_record(line: bytes, truncated: bool = False) -> tuple[str, dict[str, 
     }
 
 
-async def relay_broker_log(stream: trio.abc.ReceiveStream, sink: EventSink) -> None:
+async def relay_broker_log(
+    stream: trio.abc.ReceiveStream, sink: EventSink, subsystem: str | None = None
+) -> None:
     """Relay ``stream`` (the broker's stderr) as records until end of stream.
 
     Cancellation stops the relay; the lines already complete are relayed
     and the count of dropped ones reported either way. The stream is closed
-    on every way out.
+    on every way out. With ``subsystem`` (the bounded-agent broker's, spec
+    15.1) every record also names it in ``subsystem``, replacing any such
+    field of the broker's line.
     """
     splitter = LineSplitter()
+    named = {} if subsystem is None else {"subsystem": subsystem}
     relayed = 0
     dropped = 0
 
@@ -189,7 +194,7 @@ async def relay_broker_log(stream: trio.abc.ReceiveStream, sink: EventSink) -> N
                 continue
             relayed += 1
             event, fields = broker_record(line, truncated)
-            sink.relay(BROKER_SCHEMA, event, fields)
+            sink.relay(BROKER_SCHEMA, event, {**fields, **named})
 
     try:
         while True:
@@ -202,6 +207,6 @@ async def relay_broker_log(stream: trio.abc.ReceiveStream, sink: EventSink) -> N
         pass  # the pipe broke: nothing more to read
     finally:
         if dropped:
-            sink.relay(BROKER_SCHEMA, LINES_DROPPED, {"count": dropped})
+            sink.relay(BROKER_SCHEMA, LINES_DROPPED, {"count": dropped, **named})
         with trio.CancelScope(shield=True):
             await stream.aclose()

@@ -30,6 +30,16 @@ detached reaper (``reaper.py``, armed by ``prepare.py`` once the roots
 exist; the broker child and a host agent are watched by pidfd as they
 start) removes the run within seconds; the broker child also carries a
 parent-death signal (SIGTERM).
+With ``boundedAgents`` enabled (``agents.py``, spec 15): the provider
+credential is taken from the run's environment and wiped from the
+process's own at once; preparation also creates, stages and writes the
+agent roots and the proxy's files; after the query broker is ready, the
+enclave and egress networks, the API proxy (ready when its control socket
+answers) and the agent broker child (its own readiness wait) start, in that
+order, before the agent; any failure there is exit 2 before the agent. The
+agent then gets the ``AWF_BOUNDED_AGENT_*`` variables and, in its
+container, the agent ingress directories.
+
 Exit status: see ``options.py``. A signal while the agent runs is forwarded
 to it; an agent that has not exited ``stop_grace`` seconds later (or at a
 second signal) is terminated, then killed (``supervise.py``).
@@ -44,7 +54,11 @@ from functools import partial
 
 import trio
 
-from bounded_query.broker.protocol.policy import parse_memory_limit
+from bounded_query.broker.protocol.policy import (
+    API_PROXY_CREDENTIAL_VARIABLES,
+    SUBSYSTEM_AGENT,
+    parse_memory_limit,
+)
 from bounded_query.broker.readiness import decode_ready
 from bounded_query.broker.runner import Degradation
 from bounded_query.harness.agent.supervise import (
@@ -63,7 +77,19 @@ from bounded_query.harness.configuration.channel_policy import (
     channel_decision,
     pin_missing,
 )
+from bounded_query.harness.configuration.config import Problem
 from bounded_query.harness.configuration.preflight import docker_host_from_env
+from bounded_query.harness.lifecycle.agents import (
+    AgentPlan,
+    AgentSetupError,
+    agent_broker_config_doc,
+    create_networks,
+    plan_agents,
+    start_proxy,
+    take_credential,
+    wait_proxy_ready,
+    write_proxy_config,
+)
 from bounded_query.harness.lifecycle.broker_child import start_child_broker
 from bounded_query.harness.lifecycle.options import (
     EXIT_HARNESS,
@@ -86,6 +112,7 @@ from bounded_query.harness.lifecycle.teardown import RunState, summarize, teardo
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.records.notices import load_reported, print_progress, problems_event
 from bounded_query.harness.records.progress import AuditFollower, follow_audit
+from bounded_query.harness.staging.outputs import write_json_private
 from bounded_query.harness.staging.tokens import TOKEN_VARIABLES, scrub_process_environment
 
 __all__ = ["readiness_decision", "report_lost_protections", "run", "wait_ready"]
@@ -103,7 +130,11 @@ def _probe_ready(paths: RunPaths, broker: BrokerHandle) -> tuple[str | None, int
 
 
 async def wait_ready(
-    paths: RunPaths, broker: BrokerHandle, limit_s: float, sink: EventSink
+    paths: RunPaths,
+    broker: BrokerHandle,
+    limit_s: float,
+    sink: EventSink,
+    subsystem: str | None = None,
 ) -> tuple[Degradation, ...] | None:
     """Wait up to ``limit_s`` for the broker's ready file; None (reported) if it exits first.
 
@@ -111,23 +142,86 @@ async def wait_ready(
     ``degraded`` entry, ``broker/readiness.py``; empty when none). Each
     becomes a ``degraded`` event, and so part of the step summary, before
     the agent starts; the caller asks the channel policy whether the run
-    may go on without them (:func:`readiness_problem`).
+    may go on without them (:func:`readiness_problem`). ``subsystem`` names
+    the bounded-agent broker in the events.
     """
+    named = {} if subsystem is None else {"subsystem": subsystem}
     with trio.move_on_after(limit_s):
         while True:
             ready, status = await trio.to_thread.run_sync(_probe_ready, paths, broker)
             if ready is not None:
-                sink.emit("broker_ready")
+                sink.emit("broker_ready", **named)
                 announced = decode_ready(ready)
                 for missing in announced:
                     sink.degrade(missing.subsystem, missing.reason)
                 return announced
             if status is not None:
-                sink.emit("broker_failed", message=f"the broker exited with status {status}")
+                message = f"the broker exited with status {status}"
+                sink.emit("broker_failed", message=message, **named)
                 return None
             await trio.sleep(READY_POLL_S)
-    sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s")
+    sink.emit("broker_failed", message=f"the broker was not ready after {limit_s:g} s", **named)
     return None
+
+
+def _write_agent_broker_config(plan: RunPlan, agent_plan: AgentPlan, address: str) -> None:
+    doc = agent_broker_config_doc(agent_plan, address=address, docker_host=plan.docker_host)
+    write_json_private(agent_plan.paths.broker_config, doc)
+
+
+async def start_agents(
+    options: RunOptions,
+    plan: RunPlan,
+    agent_plan: AgentPlan,
+    env: Mapping[str, str],
+    state: RunState,
+    sink: EventSink,
+    logs: trio.Nursery,
+    start_broker: BrokerStarter | None = None,
+) -> bool:
+    """The networks, the API proxy and the agent broker, in that order; False after
+    a reported failure (then nothing of the agent subsystem serves: exit 2).
+
+    ``start_broker`` starts the agent broker (default: the child process
+    with the agent paths, its records naming the subsystem).
+    """
+    docker_host = plan.docker_host
+    try:
+        net = await trio.to_thread.run_sync(create_networks, agent_plan, docker_host)
+        sink.emit(
+            "agent_network_created",
+            subsystem=SUBSYSTEM_AGENT,
+            network=net.network,
+            subnet=net.subnet,
+            egressNetwork=agent_plan.egress_network,
+            egressCreated=agent_plan.egress_created,
+        )
+        await trio.to_thread.run_sync(write_proxy_config, agent_plan, net.address)
+        ident = await trio.to_thread.run_sync(start_proxy, agent_plan, net, docker_host)
+        sink.emit("api_proxy_started", subsystem=SUBSYSTEM_AGENT, address=net.address)
+        await trio.to_thread.run_sync(
+            wait_proxy_ready, agent_plan, ident, docker_host, options.ready_timeout
+        )
+        sink.emit("api_proxy_ready", subsystem=SUBSYSTEM_AGENT)
+        await trio.to_thread.run_sync(_write_agent_broker_config, plan, agent_plan, net.address)
+    except (AgentSetupError, OSError, ValueError) as exc:
+        sink.emit("agent_setup_failed", subsystem=SUBSYSTEM_AGENT, message=str(exc))
+        return False
+    except Exception as exc:  # the engine's own error (docker.errors, requests)
+        message = f"the engine refused: {exc.__class__.__name__}: {exc}"
+        sink.emit("agent_setup_failed", subsystem=SUBSYSTEM_AGENT, message=message[:800])
+        return False
+    paths = agent_plan.paths
+    if start_broker is None:
+        broker: BrokerHandle = await start_child_broker(options, paths, env, SUBSYSTEM_AGENT)
+    else:
+        broker = await start_broker(options, paths, env)
+    state.agent_broker = broker
+    logs.start_soon(broker.relay_log, sink)
+    watch_child(state.reaper, "agent-broker", getattr(broker, "pid", None), sink)
+    sink.emit("broker_started", subsystem=SUBSYSTEM_AGENT)
+    announced = await wait_ready(paths, broker, options.ready_timeout, sink, SUBSYSTEM_AGENT)
+    return announced is not None
 
 
 async def report_lost_protections(
@@ -184,12 +278,17 @@ async def run(
     sink: EventSink,
     env: Mapping[str, str] | None = None,
     start_broker: BrokerStarter | None = None,
+    start_agent_broker: BrokerStarter | None = None,
 ) -> int:
     """Run the harness once; returns the process exit status (``options.py``).
 
     With ``env`` None the process environment is used, and the token
-    variables are then wiped from it at once (``tokens.py``).
+    variables are then wiped from it at once (``tokens.py``); with bounded
+    agents enabled, the provider credential variables too, once the
+    configuration says so. ``start_agent_broker`` replaces the agent
+    broker child (tests).
     """
+    own_environment = env is None
     if env is None:
         env = dict(os.environ)
         scrub_process_environment(TOKEN_VARIABLES)
@@ -207,13 +306,32 @@ async def run(
     if loaded is None:
         sink.emit("run_end", status=EXIT_HARNESS, phase="config")
         return EXIT_HARNESS
+    if loaded.agents.enabled and not loaded.config.enabled:
+        # Not silently dropped: the agent subsystem runs next to the query one
+        # (its staging, sweep and reaper ride on the query roots) for now.
+        problem = Problem(
+            "boundedAgents.enabled",
+            "bounded agents need boundedQueries enabled in this version",
+            "enable boundedQueries (it may list no repository you would not query),"
+            " or disable boundedAgents",
+        )
+        problems_event(sink, "preflight_error", [problem])
+        sink.emit("preflight_failed", problems=1, subsystem=SUBSYSTEM_AGENT)
+        sink.emit("run_end", status=EXIT_HARNESS, phase="preflight")
+        return EXIT_HARNESS
     if not loaded.config.enabled:
         sink.emit("bounded_queries_disabled")
         status = await _run_agent_only(options, env, sink)
         sink.emit("run_end", status=status)
         return status
     config = loaded.config
-    state = RunState(config=config)
+    agents_config = loaded.agents if loaded.agents.enabled else None
+    credential = b""
+    if agents_config is not None:
+        variables = API_PROXY_CREDENTIAL_VARIABLES.get(agents_config.engine, ())
+        if own_environment:  # read once: the copy in ``env`` is all that is left
+            scrub_process_environment(variables)
+    state = RunState(config=config, agents=agents_config)
     sup = Supervision(stop_grace=options.stop_grace)
     status = EXIT_HARNESS
     phase = "preflight"
@@ -244,6 +362,30 @@ async def run(
         euid=os.geteuid(),
         socket_gid=None if user is None else user.gid,
     )
+    agent_plan: AgentPlan | None = None
+    if agents_config is not None:
+        try:
+            agent_plan = plan_agents(
+                agents_config,
+                run_id=plan.run_id,
+                uid=plan.uid,
+                euid=os.geteuid(),
+                workspace=options.workspace,
+                base=options.base,
+                seed_sources=options.seed_sources,
+                egress_network=getattr(options, "api_proxy_egress_network", None),
+                socket_gid=plan.socket_gid,
+            )
+            credential = take_credential(env, agent_plan.credential_variable)
+        except AgentSetupError as exc:
+            problem = Problem("boundedAgents", str(exc), "set it in the harness's environment")
+            problems_event(sink, "preflight_error", [problem])
+            sink.emit("preflight_failed", problems=1)
+            await summarize(state, status, phase, sink, env)
+            sink.emit("run_end", status=status, phase=phase)
+            return status
+    agent_run = None if agent_plan is None else (agent_plan, credential)
+    credential = b""
     # The broker's stderr relay (broker_log.py) lives until teardown has
     # stopped the broker and relayed its last lines; it is cancelled after.
     async with trio.open_nursery() as logs:
@@ -251,7 +393,11 @@ async def run(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_signals, sup, sink)
                 with sup.cancel:
-                    if await execute_plan(plan, options, config, env, state, sink):
+                    prepared = await execute_plan(
+                        plan, options, config, env, state, sink, agent_run
+                    )
+                    agent_run = None  # the credential is in the proxy's file only now
+                    if prepared:
                         sup.reaper = state.reaper
                         for name in TOKEN_VARIABLES:  # staging is over: nothing needs it now
                             env.pop(name, None)
@@ -276,7 +422,19 @@ async def run(
                             phase = "preflight"
                             problems_event(sink, "preflight_error", [verdict.problem])
                             sink.emit("preflight_failed", problems=1)
-                        elif announced is not None:
+                        elif announced is not None and (
+                            agent_plan is None
+                            or await start_agents(
+                                options,
+                                plan,
+                                agent_plan,
+                                env,
+                                state,
+                                sink,
+                                logs,
+                                start_agent_broker,
+                            )
+                        ):
                             phase = "agent"
                             progress = options.progress
                             if progress is None:
@@ -302,6 +460,10 @@ async def run(
                                 run_id=plan.run_id,
                                 docker_host=plan.docker_host,
                                 broker_pid=getattr(broker, "pid", None),
+                                agents=None
+                                if agent_plan is None
+                                else (agent_plan.paths, agent_plan.config.slugs),
+                                agent_broker_pid=getattr(state.agent_broker, "pid", None),
                             )
                             await report_lost_protections(paths, broker, announced, sink)
                             if await trio.to_thread.run_sync(broker.exited) is not None:

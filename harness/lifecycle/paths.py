@@ -10,6 +10,16 @@ socket, ``skill/`` the SKILL.md and the wrapper directory ``skill/bin``).
 ``<digest>`` is derived from the agent's work directory and the run id, so two
 runs never share a root.
 
+With bounded agents enabled (spec 15.1) the run has a second pair of the
+same layout, ``awf-bounded-agent-private-<uid>-<digest>`` and
+``awf-bounded-agent-ingress-<uid>-<digest>`` (:func:`agent_run_paths`, the
+same digest): the agent subsystem's own seeds, seed map, broker config,
+journal, audit log and workspaces, plus the API proxy's directory
+``proxy/`` (its configuration, the 0400 credential file, the control
+socket's directory and the usage records; :attr:`RunPaths.proxy_dir`).
+Once staged, the agent private root is 0700: an enclave reaches its seed
+only through the bind mount the engine makes, never by traversal.
+
 Before any credential is used, the private root is resolved through its
 longest existing ancestor (symlinks followed; the rest of the path appended
 lexically) and compared with every agent-visible path resolved the same way:
@@ -33,12 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "AGENT_INGRESS_PREFIX",
+    "AGENT_PRIVATE_PREFIX",
     "DEFAULT_BASE",
     "INGRESS_PREFIX",
     "PRIVATE_PREFIX",
     "PRIVATE_ROOT_MODE",
     "PRIVATE_ROOT_MODE_ROOT",
+    "ROOT_PREFIXES",
     "RunPaths",
+    "agent_run_paths",
     "overlap_problems",
     "overlaps",
     "resolve_through_ancestor",
@@ -49,6 +63,14 @@ __all__ = [
 DEFAULT_BASE = Path("/var/tmp")
 PRIVATE_PREFIX = "awf-bounded-query-private-"
 INGRESS_PREFIX = "awf-bounded-query-ingress-"
+AGENT_PRIVATE_PREFIX = "awf-bounded-agent-private-"
+AGENT_INGRESS_PREFIX = "awf-bounded-agent-ingress-"
+#: Both subsystems' (private, ingress) prefixes: the sweep and the reaper
+#: treat every pair alike.
+ROOT_PREFIXES: tuple[tuple[str, str], ...] = (
+    (PRIVATE_PREFIX, INGRESS_PREFIX),
+    (AGENT_PRIVATE_PREFIX, AGENT_INGRESS_PREFIX),
+)
 #: Traversable but not listable by others: uid 65534 must reach its seed.
 #: Used when the harness is not root.
 PRIVATE_ROOT_MODE = 0o711
@@ -137,11 +159,57 @@ class RunPaths:
         """``bounded-query``, ``bounded-query-cost`` and ``bq_protocol/``."""
         return self.skill_dir / "bin"
 
+    # The API proxy's files (the bounded-agent private root only).
+
+    @property
+    def proxy_dir(self) -> Path:
+        """``proxy/`` (0700): everything of the run's API proxy (short names: the
+        control socket's path must fit ``sun_path``, 108 bytes, under any base)."""
+        return self.private_root / "proxy"
+
+    @property
+    def proxy_config(self) -> Path:
+        """The proxy's configuration (``broker/apiproxy/_config.py``), mounted read-only."""
+        return self.proxy_dir / "proxy.json"
+
+    @property
+    def proxy_credential(self) -> Path:
+        """The real provider credential: 0400, owned by the proxy's uid only."""
+        return self.proxy_dir / "credential"
+
+    @property
+    def proxy_control_dir(self) -> Path:
+        """The control socket's directory: 0700, the proxy's uid (root enters it)."""
+        return self.proxy_dir / "control"
+
+    @property
+    def proxy_control_socket(self) -> Path:
+        """The proxy's control socket (arm/disarm), the agent broker's only."""
+        return self.proxy_control_dir / "sock"
+
+    @property
+    def usage_dir(self) -> Path:
+        """The proxy's usage records (never bodies): ``usage.jsonl``."""
+        return self.proxy_dir / "usage"
+
+    @property
+    def usage_log(self) -> Path:
+        """``usage.jsonl`` of the proxy (``broker/apiproxy/usagelog.py``)."""
+        return self.usage_dir / "usage.jsonl"
+
 
 def run_paths(uid: int, work_dir: Path, run_id: str, base: Path = DEFAULT_BASE) -> RunPaths:
     """Both roots for ``uid``'s run ``run_id`` started from ``work_dir``."""
     suffix = f"{uid}-{run_digest(work_dir, run_id)}"
     return RunPaths(base / f"{PRIVATE_PREFIX}{suffix}", base / f"{INGRESS_PREFIX}{suffix}")
+
+
+def agent_run_paths(uid: int, work_dir: Path, run_id: str, base: Path = DEFAULT_BASE) -> RunPaths:
+    """The bounded-agent roots of the run (same ``<uid>-<digest>`` as :func:`run_paths`)."""
+    suffix = f"{uid}-{run_digest(work_dir, run_id)}"
+    return RunPaths(
+        base / f"{AGENT_PRIVATE_PREFIX}{suffix}", base / f"{AGENT_INGRESS_PREFIX}{suffix}"
+    )
 
 
 def resolve_through_ancestor(path: Path) -> Path:

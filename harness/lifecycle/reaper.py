@@ -18,8 +18,9 @@ moment the harness is gone.
 * **What it knows.** Nothing on its command line or in its environment
   (``python3 -I -m bounded_query.harness.lifecycle.reaper <fd>``, ``PATH`` and the
   locale only): the harness sends an :class:`Arm` message (run id, Docker
-  host, both roots, its session id) and, as it starts them, a pidfd for each process that
-  must die with it (the broker child, a host agent) through
+  host, both roots -- and the bounded-agent roots when that subsystem is on --,
+  its session id) and, as it starts them, a pidfd for each process that
+  must die with it (the broker child, the agent broker child, a host agent) through
   ``SCM_RIGHTS``: a pidfd names one process for good, never a reused pid.
   Messages are buffered by the kernel, so what was sent before a SIGKILL
   is still read afterwards.
@@ -38,15 +39,16 @@ moment the harness is gone.
   pidfd and wait for it to die (the broker first: a broker that still runs
   could start a query after the listing); then the run's containers -- the
   compose broker service (``run --compose``), the agent container, the
-  queries -- and its volumes, by this run's labels only
+  queries, the enclaves and the API proxy -- its volumes and its bounded-agent
+  networks, by this run's labels only
   (``reconcile.reconcile_containers``, the one reconcile);
   then every other process still working inside the roots (a ``git clone``
   of an interrupted staging: git re-creates missing parent directories, so
   it must not outlive the roots); then, only if the owner record still
   names this run, the unmounts and both roots (``sweep.remove_run_roots``,
-  the sweep's removal). A last pass a moment later catches a container
-  whose creation the killed broker had already sent, and a root something
-  re-created. One ``reaper_reaped`` event reports it.
+  the sweep's removal), and the same for the bounded-agent pair. A last
+  pass a moment later catches a container whose creation the killed broker
+  had already sent, and a root something re-created. One ``reaper_reaped`` event reports it.
 
 The broker child also has a parent-death signal (SIGTERM, ``child.py``):
 it starts its graceful stop at once, and the reaper's SIGKILL ends it
@@ -73,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bounded_query.broker.protocol.policy import DOCKER_UNIX_SCHEME, RUN_ID_PATTERN
-from bounded_query.harness.lifecycle.paths import INGRESS_PREFIX, PRIVATE_PREFIX, RunPaths
+from bounded_query.harness.lifecycle.paths import ROOT_PREFIXES, RunPaths
 from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.harness.lifecycle.sweep import MODE_RUN, read_owner_record, remove_run_roots
 from bounded_query.harness.records.events import EventSink
@@ -96,8 +98,9 @@ __all__ = [
 
 #: The largest message either side sends (an :class:`Arm` is a few hundred bytes).
 MAX_MESSAGE = 4096
-#: Processes that die with the harness: the broker child and a host agent.
-ROLES = ("broker", "agent")
+#: Processes that die with the harness: the broker child, the bounded-agent
+#: broker child and a host agent (killed in this order).
+ROLES = ("broker", "agent-broker", "agent")
 #: How long the reaper waits for a SIGKILLed process to be gone.
 KILL_WAIT_S = 5.0
 #: The last engine pass comes this long after the broker died: a create the
@@ -142,42 +145,70 @@ class Arm:
     #: init, a CI runner): ``getsid`` then reports 0 for the harness and its
     #: children alike, and the roots alone single out the run's processes.
     session: int
+    #: The bounded-agent roots (spec 15.1), "" when that subsystem is off;
+    #: the same ``<uid>-<digest>`` suffix as the query roots.
+    agent_private_root: str = ""
+    agent_ingress_root: str = ""
 
     def __post_init__(self) -> None:
         if not _RUN_ID_RE.fullmatch(self.run_id):
             raise ReaperMessageError("the run id is not a run id")
         if type(self.session) is not int or self.session < 0:
             raise ReaperMessageError("the session is not a session id")
-        private, ingress = Path(self.private_root), Path(self.ingress_root)
-        if not (private.is_absolute() and ingress.is_absolute()):
-            raise ReaperMessageError("the roots must be absolute paths")
-        if private.parent != ingress.parent or ".." in private.parts:
-            raise ReaperMessageError("the roots must be siblings")
-        suffix = private.name.removeprefix(PRIVATE_PREFIX)
-        if (
-            suffix == private.name
-            or not _SUFFIX_RE.fullmatch(suffix)
-            or ingress.name != INGRESS_PREFIX + suffix
-        ):
-            raise ReaperMessageError("the roots are not a pair of run roots")
+        suffix = _pair_suffix(self.private_root, self.ingress_root, ROOT_PREFIXES[0])
+        if self.agent_private_root or self.agent_ingress_root:
+            agent = _pair_suffix(self.agent_private_root, self.agent_ingress_root, ROOT_PREFIXES[1])
+            same_base = Path(self.agent_private_root).parent == Path(self.private_root).parent
+            if agent != suffix or not same_base:
+                raise ReaperMessageError("the bounded-agent roots are not this run's")
 
     @property
     def paths(self) -> RunPaths:
         """The run's two roots."""
         return RunPaths(Path(self.private_root), Path(self.ingress_root))
 
+    @property
+    def all_paths(self) -> tuple[RunPaths, ...]:
+        """Every pair of the run's roots: the query pair, then the bounded-agent pair."""
+        if not self.agent_private_root:
+            return (self.paths,)
+        return (self.paths, RunPaths(Path(self.agent_private_root), Path(self.agent_ingress_root)))
+
     def encode(self) -> bytes:
         """The message bytes."""
-        doc = {
-            "arm": {
-                "runId": self.run_id,
-                "dockerHost": self.docker_host,
-                "privateRoot": self.private_root,
-                "ingressRoot": self.ingress_root,
-                "session": self.session,
-            }
+        arm: dict[str, object] = {
+            "runId": self.run_id,
+            "dockerHost": self.docker_host,
+            "privateRoot": self.private_root,
+            "ingressRoot": self.ingress_root,
+            "session": self.session,
         }
-        return json.dumps(doc, sort_keys=True).encode()
+        if self.agent_private_root:
+            arm["agentPrivateRoot"] = self.agent_private_root
+            arm["agentIngressRoot"] = self.agent_ingress_root
+        return json.dumps({"arm": arm}, sort_keys=True).encode()
+
+
+def _pair_suffix(private_root: str, ingress_root: str, prefixes: tuple[str, str]) -> str:
+    """The ``<uid>-<digest>`` of a (private, ingress) pair named with ``prefixes``.
+
+    Raises:
+        ReaperMessageError: not such a pair of absolute sibling paths.
+    """
+    private, ingress = Path(private_root), Path(ingress_root)
+    if not (private.is_absolute() and ingress.is_absolute()):
+        raise ReaperMessageError("the roots must be absolute paths")
+    if private.parent != ingress.parent or ".." in private.parts:
+        raise ReaperMessageError("the roots must be siblings")
+    private_prefix, ingress_prefix = prefixes
+    suffix = private.name.removeprefix(private_prefix)
+    if (
+        suffix == private.name
+        or not _SUFFIX_RE.fullmatch(suffix)
+        or ingress.name != ingress_prefix + suffix
+    ):
+        raise ReaperMessageError("the roots are not a pair of run roots")
+    return suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +255,24 @@ def decode_message(data: bytes) -> Arm | Watch | Done:
         return Watch(doc["watch"])
     arm = doc.get("arm")
     if isinstance(arm, dict):
-        keys = ("runId", "dockerHost", "privateRoot", "ingressRoot")
+        keys: tuple[str, ...] = ("runId", "dockerHost", "privateRoot", "ingressRoot")
+        if "agentPrivateRoot" in arm or "agentIngressRoot" in arm:
+            keys = (*keys, "agentPrivateRoot", "agentIngressRoot")
         if set(arm) != {*keys, "session"} or not all(isinstance(arm[k], str) for k in keys):
             raise ReaperMessageError("malformed arm message")
-        run_id, docker_host, private_root, ingress_root = (arm[k] for k in keys)
-        return Arm(run_id, docker_host, private_root, ingress_root, session=arm["session"])
+        run_id, docker_host, private_root, ingress_root, *agent = (arm[k] for k in keys)
+        agent_private, agent_ingress = agent if agent else ("", "")
+        if agent and not agent_private:
+            raise ReaperMessageError("malformed arm message")
+        return Arm(
+            run_id,
+            docker_host,
+            private_root,
+            ingress_root,
+            session=arm["session"],
+            agent_private_root=agent_private,
+            agent_ingress_root=agent_ingress,
+        )
     raise ReaperMessageError("unknown message")
 
 
@@ -323,19 +367,25 @@ def reap(
         containers += removed
 
     engine_pass()
-    strays = _kill_inside(arm.paths, session)
-    roots = _remove_roots(arm, os.getuid() if uid is None else uid)
-    if roots == "removed":
+    pairs = arm.all_paths
+    strays = sum(_kill_inside(paths, session) for paths in pairs)
+    owner = os.getuid() if uid is None else uid
+    outcomes = [_remove_roots(arm.run_id, paths, owner) for paths in pairs]
+    # The query pair's outcome, unless the bounded-agent pair's went worse.
+    roots = next((o for o in outcomes if o not in ("removed", "gone")), outcomes[0])
+    if "removed" in outcomes:
         last = time.monotonic()
-    if local and ("broker" in watched or outcome != "reconciled" or containers):
+    brokers = "broker" in watched or "agent-broker" in watched
+    if local and (brokers or outcome != "reconciled" or containers):
         time.sleep(max(0.0, settle_s - (time.monotonic() - started)))
         engine_pass()
-    if roots == "removed" and _kill_inside(arm.paths, session) + _exists(arm.paths):
-        # Something re-created a root after all: its record is gone with it, and
-        # the name is this run's alone.
-        remove_run_roots(arm.paths)
-        if _exists(arm.paths):
-            roots = "a root came back and could not be deleted"
+    for paths, removed in zip(pairs, outcomes, strict=True):
+        if removed == "removed" and _kill_inside(paths, session) + _exists(paths):
+            # Something re-created a root after all: its record is gone with it,
+            # and the name is this run's alone.
+            remove_run_roots(paths)
+            if _exists(paths):
+                roots = "a root came back and could not be deleted"
     now = time.monotonic()
     return Reaped(
         killed=killed,
@@ -419,14 +469,13 @@ def _exists(paths: RunPaths) -> int:
     return int(os.path.lexists(paths.private_root) or os.path.lexists(paths.ingress_root))
 
 
-def _remove_roots(arm: Arm, uid: int) -> str:
-    paths = arm.paths
+def _remove_roots(run_id: str, paths: RunPaths, uid: int) -> str:
     if not os.path.lexists(paths.private_root):
         if os.path.lexists(paths.ingress_root):
             return "not-this-run"  # no record to prove it: the sweep's rule
         return "gone"
     record = read_owner_record(paths.private_root, uid)
-    if record is None or record.mode != MODE_RUN or record.run_id != arm.run_id:
+    if record is None or record.mode != MODE_RUN or record.run_id != run_id:
         return "not-this-run"
     problem = remove_run_roots(paths)
     if problem is None and _exists(paths):

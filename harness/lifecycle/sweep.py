@@ -21,7 +21,10 @@ command writes ``"mode": "compose"``: its roots belong to the compose
 project and ``compose-down`` removes them, so the sweep never does.
 
 At the start of ``run`` and ``compose``, :func:`sweep_stale_roots` looks at
-every private root of this uid under the same base. A root is removed only
+every private root of this uid under the same base -- the bounded-query
+roots and the bounded-agent roots (``paths.ROOT_PREFIXES``) alike; each
+bounded-agent private root carries its own owner record, naming the same
+run. A root is removed only
 when all of these hold:
 
 * its name is exactly ``<prefix><uid>-<16 hex digits>`` and it is a real
@@ -67,7 +70,7 @@ from typing import Any
 
 from bounded_query.broker.mounts import unmount
 from bounded_query.broker.protocol.policy import RUN_ID_PATTERN
-from bounded_query.harness.lifecycle.paths import INGRESS_PREFIX, PRIVATE_PREFIX, RunPaths
+from bounded_query.harness.lifecycle.paths import ROOT_PREFIXES, RunPaths
 from bounded_query.harness.records.events import EventSink
 from bounded_query.harness.staging.outputs import remove_roots, write_json_private
 
@@ -306,16 +309,13 @@ def sweep_stale_roots(
     """
     counts = {"removed": 0, "live": 0, "compose": 0, "skipped": 0, "failed": 0}
     real_base = Path(os.path.realpath(base))
-    prefix = f"{PRIVATE_PREFIX}{uid}-"
     try:
         names = sorted(os.listdir(real_base))
     except OSError:
         return SweepResult()
     boot, pidns = _boot_id(), _pid_namespace()
-    for name in names:
-        if not name.startswith(prefix) or not _DIGEST_RE.fullmatch(name[len(prefix) :]):
-            continue
-        suffix = name[len(PRIVATE_PREFIX) :]
+    for name, private_prefix, ingress_prefix in _private_roots(names, uid):
+        suffix = name[len(private_prefix) :]
         private_root = real_base / name
         if not _is_own_dir(private_root, uid):
             continue
@@ -331,7 +331,7 @@ def sweep_stale_roots(
         if reason is None:
             counts["live"] += 1
             continue
-        ingress_root = real_base / f"{INGRESS_PREFIX}{suffix}"
+        ingress_root = real_base / f"{ingress_prefix}{suffix}"
         if os.path.lexists(ingress_root) and not _is_own_dir(ingress_root, uid):
             counts["skipped"] += 1
             reason = "its ingress root is not this user's directory"
@@ -349,6 +349,17 @@ def sweep_stale_roots(
     if any(counts.values()):
         sink.emit("stale_roots_swept", **counts)
     return result
+
+
+def _private_roots(names: list[str], uid: int) -> list[tuple[str, str, str]]:
+    """``(name, private prefix, ingress prefix)`` of every private root name of ``uid``."""
+    found = []
+    for private_prefix, ingress_prefix in ROOT_PREFIXES:
+        prefix = f"{private_prefix}{uid}-"
+        for name in names:
+            if name.startswith(prefix) and _DIGEST_RE.fullmatch(name[len(prefix) :]):
+                found.append((name, private_prefix, ingress_prefix))
+    return found
 
 
 def _reconcile_run(reconcile: Callable[[str], object] | None, run_id: str) -> str:

@@ -12,6 +12,13 @@ keep the state when asked, delete both roots, disarm the reaper
 (``reaper.py``: only a teardown that got that far does), and emit
 ``run_end`` whatever failed on the way. Every blocking step (the Engine API, reading the journal,
 writing the step summary, deleting trees) runs in a worker thread.
+
+With bounded agents (spec 15.1): the agent broker is stopped right after
+the query broker; the one reconcile removes the enclaves, the API proxy and
+the harness's bounded-agent networks (``reconcile.py``); the summary gets a
+"Bounded agents" section from the agent journal and audit log (and the
+count of the proxy's usage records); ``--keep-state`` copies the agent
+state below ``bounded-agent/``; the agent roots go with the query roots.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from bounded_query.harness.configuration.config import BoundedQueriesConfig
+from bounded_query.broker.protocol.policy import SUBSYSTEM_AGENT
+from bounded_query.harness.configuration.config import BoundedAgentsConfig, BoundedQueriesConfig
 from bounded_query.harness.lifecycle.options import BrokerHandle
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.lifecycle.plan import TeardownPlan, plan_teardown, summary_kind
@@ -32,7 +40,13 @@ from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.harness.records.events import EventSink, append_step_summary
 from bounded_query.harness.records.notices import emit_usage, failed_early_markdown, print_progress
 from bounded_query.harness.records.progress import AuditFollower, drain
-from bounded_query.harness.records.report import keep_state, read_optional
+from bounded_query.harness.records.report import (
+    AGENT_STATE_DIR,
+    count_usage_records,
+    keep_agent_state,
+    keep_state,
+    read_optional,
+)
 from bounded_query.harness.records.usage import render_summary, usage_from_state
 from bounded_query.harness.staging.outputs import remove_roots
 
@@ -66,12 +80,17 @@ class RunState:
     degraded_notes: list[str] = field(default_factory=list)
     #: The detached reaper (``reaper.py``): disarmed once teardown has finished.
     reaper: Reaper | None = None
+    #: The ``boundedAgents`` section when enabled (``agents.py``).
+    agents: BoundedAgentsConfig | None = None
+    #: Set once the agent private root exists (created by this run).
+    agent_paths: RunPaths | None = None
+    agent_broker: BrokerHandle | None = None
 
 
 def teardown_plan(state: RunState, keep: Path | None) -> TeardownPlan:
     """The plan of :func:`teardown` for what ``state`` records."""
     return plan_teardown(
-        broker_started=state.broker is not None,
+        broker_started=state.broker is not None or state.agent_broker is not None,
         progress_followed=state.progress is not None,
         paths_known=state.paths is not None,
         roots_created=state.roots_created,
@@ -98,6 +117,10 @@ async def teardown(
                 stopped = await state.broker.stop()
                 sink.emit("broker_stopped", status=stopped)
                 state.broker = None
+            if plan.stop_broker and state.agent_broker is not None:
+                stopped = await state.agent_broker.stop()
+                sink.emit("broker_stopped", status=stopped, subsystem=SUBSYSTEM_AGENT)
+                state.agent_broker = None
             if plan.drain_progress and state.progress is not None and state.paths is not None:
                 # The broker is gone: print the answers it audited last.
                 await trio.to_thread.run_sync(
@@ -111,7 +134,7 @@ async def teardown(
                 state.work_quota = False
         await summarize(state, status, phase, sink, env)
         if plan.keep_state is not None and state.paths is not None:
-            await _keep_state(state.paths, plan.keep_state, sink)
+            await _keep_state(state.paths, plan.keep_state, sink, state.agent_paths)
         if plan.remove_roots:
             await remove_created_roots(state, sink)
         # Only a teardown that got this far disarms the reaper: after an
@@ -132,10 +155,17 @@ async def _reconcile(state: RunState, sink: EventSink) -> None:
     sink.emit("containers_reconciled", removed=removed)
 
 
-async def _keep_state(paths: RunPaths, target: Path, sink: EventSink) -> None:
+async def _keep_state(
+    paths: RunPaths, target: Path, sink: EventSink, agent_paths: RunPaths | None = None
+) -> None:
     """Copy the run's state out before the roots go; a failure only degrades."""
     try:
         copied = await trio.to_thread.run_sync(keep_state, paths, target)
+        if agent_paths is not None:
+            kept = await trio.to_thread.run_sync(
+                keep_agent_state, agent_paths, target / AGENT_STATE_DIR
+            )
+            copied += [f"{AGENT_STATE_DIR}/{name}" for name in kept]
     except OSError as exc:
         sink.degrade("keep-state", f"the run's state was not kept: {exc.strerror or exc}")
         return
@@ -154,6 +184,10 @@ async def remove_created_roots(state: RunState, sink: EventSink) -> None:
     if state.paths is not None and state.roots_created:
         await trio.to_thread.run_sync(remove_roots, state.paths)
         sink.emit("roots_removed")
+    if state.agent_paths is not None:
+        await trio.to_thread.run_sync(remove_roots, state.agent_paths)
+        sink.emit("roots_removed", subsystem=SUBSYSTEM_AGENT)
+        state.agent_paths = None
 
 
 def _read_state(paths: RunPaths) -> tuple[bytes | None, bytes | None]:
@@ -183,4 +217,25 @@ async def summarize(
     markdown = render_summary(
         usage, exit_code=status, runtime=state.config.runtime, degraded=sink.degraded
     )
+    if state.agents is not None and state.agent_paths is not None:
+        markdown += "\n" + await _agent_summary(state.agents, state.agent_paths, status, sink)
     await trio.to_thread.run_sync(append_step_summary, summary_path, markdown, sink)
+
+
+async def _agent_summary(
+    agents: BoundedAgentsConfig, paths: RunPaths, status: int, sink: EventSink
+) -> str:
+    """The bounded-agent section of the summary, and its usage events (``subsystem``)."""
+    repos = [(r.repo, r.sensitivity) for r in agents.private_repos]
+    journal, audit = await trio.to_thread.run_sync(_read_state, paths)
+    records = await trio.to_thread.run_sync(count_usage_records, paths)
+    usage = usage_from_state(repos, journal, audit)
+    emit_usage(sink, usage, SUBSYSTEM_AGENT)
+    sink.emit("api_proxy_usage", subsystem=SUBSYSTEM_AGENT, records=records)
+    return render_summary(
+        usage,
+        exit_code=status,
+        runtime=agents.runtime,
+        title="Bounded agents",
+        extra=[f"API proxy usage records (model requests, clamps, refusals): {records}."],
+    )

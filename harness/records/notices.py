@@ -94,11 +94,16 @@ def load_reported(
     return loaded
 
 
-def emit_usage(sink: EventSink, usage: RunUsage) -> None:
-    """One ``repo_usage`` event per repository, then ``refused_requests`` if any."""
+def emit_usage(sink: EventSink, usage: RunUsage, subsystem: str | None = None) -> None:
+    """One ``repo_usage`` event per repository, then ``refused_requests`` if any.
+
+    With ``subsystem`` (the bounded-agent one, spec 15.1) every event names it.
+    """
+    named = {} if subsystem is None else {"subsystem": subsystem}
     for repo in usage.repos:
         sink.emit(
             "repo_usage",
+            **named,
             repo=repo.repo,
             sensitivity=repo.sensitivity,
             budget=repo.budget,
@@ -107,7 +112,7 @@ def emit_usage(sink: EventSink, usage: RunUsage) -> None:
             buckets={str(k): v for k, v in repo.buckets.items()},
         )
     if usage.refused:
-        sink.emit("refused_requests", count=usage.refused, reasons=usage.refusals)
+        sink.emit("refused_requests", count=usage.refused, reasons=usage.refusals, **named)
 
 
 def print_progress(line: str) -> None:

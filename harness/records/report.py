@@ -12,6 +12,13 @@ of type :data:`REPORT_SCHEMA`. Nothing here writes to the state directory.
 ``run --keep-state DIR`` (:func:`keep_state`) copies exactly those four files
 out of the private root at teardown, so the report works after the roots are
 deleted.
+
+The bounded-agent subsystem (spec 15.1) has its own four files and the API
+proxy's usage records: ``--keep-state`` puts them below
+``DIR/bounded-agent/`` (:data:`AGENT_STATE_DIR`), and :func:`load_state`
+reads them from there, or from the sibling agent private root of a crashed
+run's query root; the report then has a second, "Bounded agents" section
+(``boundedAgents`` in the JSON document).
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bounded_query.harness.lifecycle.paths import RunPaths
+from bounded_query.harness.lifecycle.paths import AGENT_PRIVATE_PREFIX, PRIVATE_PREFIX, RunPaths
 from bounded_query.harness.records.usage import RunUsage, render_summary, usage_from_state
 
 __all__ = [
+    "AGENT_STATE_DIR",
     "REPORT_SCHEMA",
     "KeptState",
+    "count_usage_records",
+    "keep_agent_state",
     "keep_state",
     "load_state",
     "read_optional",
@@ -46,6 +56,10 @@ class KeptState:
 
     usage: RunUsage
     runtime: str
+    #: The bounded-agent subsystem's state, when the run had one.
+    agents: KeptState | None = None
+    #: Lines of the API proxy's usage log (bounded-agent state only).
+    usage_records: int = 0
 
 
 def read_optional(path: Path) -> bytes | None:
@@ -64,6 +78,34 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+#: Where ``--keep-state`` puts the bounded-agent subsystem's state (spec 15.1).
+AGENT_STATE_DIR = "bounded-agent"
+
+
+def count_usage_records(paths: RunPaths) -> int:
+    """Lines of the API proxy's usage log (0 when there is none; blocking)."""
+    raw = read_optional(paths.usage_log)
+    return 0 if raw is None else sum(1 for line in raw.splitlines() if line.strip())
+
+
+def keep_agent_state(paths: RunPaths, target: Path) -> list[str]:
+    """:func:`keep_state` for the agent private root, plus the proxy's usage records.
+
+    Never the credential, a seed, a workspace or the control socket.
+    """
+    copied = keep_state(paths, target)
+    raw = read_optional(paths.usage_log)
+    if raw is not None:
+        relative = paths.usage_log.relative_to(paths.private_root)
+        dest = target / relative
+        dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+        copied.append(str(relative))
+    return copied
 
 
 def _kept_files(paths: RunPaths) -> tuple[Path, ...]:
@@ -104,7 +146,20 @@ def keep_state(paths: RunPaths, target: Path) -> list[str]:
     return copied
 
 
-def load_state(private_root: Path) -> KeptState:
+def _agent_root_of(private_root: Path) -> Path | None:
+    """Where the bounded-agent state of the run kept (or left) at ``private_root`` is."""
+    kept = private_root / AGENT_STATE_DIR
+    if kept.is_dir():
+        return kept
+    if private_root.name.startswith(PRIVATE_PREFIX):
+        suffix = private_root.name[len(PRIVATE_PREFIX) :]
+        sibling = private_root.parent / f"{AGENT_PRIVATE_PREFIX}{suffix}"
+        if sibling.is_dir():
+            return sibling
+    return None
+
+
+def load_state(private_root: Path, *, with_agents: bool = True) -> KeptState:
     """Read a run's state from its private root (see the module docstring).
 
     Raises:
@@ -112,6 +167,13 @@ def load_state(private_root: Path) -> KeptState:
     """
     if not private_root.is_dir():
         raise FileNotFoundError(f"{private_root} is not a directory")
+    agents = None
+    agent_root = _agent_root_of(private_root) if with_agents else None
+    if agent_root is not None:
+        agents = load_state(agent_root, with_agents=False)
+        agents = dataclasses.replace(
+            agents, usage_records=count_usage_records(RunPaths(agent_root, agent_root))
+        )
     paths = RunPaths(private_root, private_root)
     notes: list[str] = []
     seed_map = _json_object(read_optional(paths.seed_map))
@@ -133,17 +195,37 @@ def load_state(private_root: Path) -> KeptState:
     usage = usage_from_state(repos, read_optional(paths.journal), read_optional(paths.audit_log))
     if notes:
         usage = dataclasses.replace(usage, notes=(*notes, *usage.notes))
-    return KeptState(usage, runtime)
+    return KeptState(usage, runtime, agents)
 
 
 def report_markdown(state: KeptState) -> str:
     """The step-summary Markdown of a kept run (no exit status is known)."""
     markdown = render_summary(state.usage, exit_code=-1, runtime=state.runtime)
-    return markdown.replace(", exit -1", ", from the kept state", 1)
+    markdown = markdown.replace(", exit -1", ", from the kept state", 1)
+    if state.agents is not None:
+        agents = render_summary(
+            state.agents.usage,
+            exit_code=-1,
+            runtime=state.agents.runtime,
+            title="Bounded agents",
+            extra=[f"API proxy usage records: {state.agents.usage_records}."],
+        )
+        markdown += "\n" + agents.replace(", exit -1", ", from the kept state", 1)
+    return markdown
 
 
 def report_document(state: KeptState) -> dict[str, Any]:
     """The machine-readable report (type :data:`REPORT_SCHEMA`)."""
+    doc = _usage_document(state)
+    if state.agents is not None:
+        agents = _usage_document(state.agents)
+        del agents["_schema"]
+        agents["usageRecords"] = state.agents.usage_records
+        doc["boundedAgents"] = agents
+    return doc
+
+
+def _usage_document(state: KeptState) -> dict[str, Any]:
     return {
         "_schema": REPORT_SCHEMA,
         "runtime": state.runtime,

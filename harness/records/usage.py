@@ -221,13 +221,17 @@ def render_summary(
     runtime: str,
     degraded: Sequence[str] = (),
     max_bytes: int = MAX_SUMMARY_BYTES,
+    title: str = "Bounded queries",
+    extra: Sequence[str] = (),
 ) -> str:
     """The step summary Markdown (seed 000 8.5.3; degraded notice per 11.4 item 4).
 
     At most ``max_bytes`` UTF-8 bytes: the per-response rows inside
     ``<details>`` stop at the budget, with a line counting the rest.
+    ``title`` names the subsystem (the bounded-agent section passes its
+    own, spec 15.1); ``extra`` lines follow the totals (its API-proxy usage).
     """
-    lines = [f"### Bounded queries — runtime `{runtime}`, exit {exit_code}", ""]
+    lines = [f"### {title} — runtime `{runtime}`, exit {exit_code}", ""]
     notices = [*degraded, *usage.notes]
     if notices:
         lines += ["> [!WARNING]", "> **Degraded mode** — some data below may be incomplete:"]
@@ -256,6 +260,8 @@ def render_summary(
         f"| **Total** | | | **{total_spent}** | **{total_inv}** | | | **{usage.refused}** |"
     )
     lines.append("")
+    if extra:
+        lines += [*extra, ""]
     if usage.refused:
         reasons = _counts(usage.refusals)
         lines += [f"Refused before launch (any repository): {usage.refused} ({reasons}).", ""]

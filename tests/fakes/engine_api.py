@@ -4,17 +4,18 @@ It speaks real HTTP/1.1 (keep-alive, Content-Length) to the real docker SDK,
 and just enough of the Engine API for what the harness does around a run
 with the fake broker: its preflight checks that ``DOCKER_HOST`` is a
 socket, the sweep lists agent containers by role label, teardown lists and
-force-removes the run's labelled containers, then its labelled volumes. The
-state is two in-memory tables (``containers``: id -> labels, ``volumes``:
-name -> labels) that tests may fill; every request is recorded as
-``(method, path, query)`` and anything outside the subset is answered 501
-and recorded in ``unexpected``, so a test can assert the harness asked for
-nothing else.
+force-removes the run's labelled containers, then its labelled volumes and
+networks. The state is three in-memory tables (``containers``: id -> labels,
+``volumes``: name -> labels, ``networks``: id -> labels) that tests may fill;
+every request is recorded as ``(method, path, query)`` and anything outside
+the subset is answered 501 and recorded in ``unexpected``, so a test can
+assert the harness asked for nothing else.
 
 Routes (any ``/vX.Y`` prefix): ``GET /_ping``, ``GET /version``,
 ``GET /containers/json`` (``all``, ``filters`` with ``label``),
 ``DELETE /containers/{id}``, ``GET /volumes`` (``filters`` with ``label``),
-``DELETE /volumes/{name}``.
+``DELETE /volumes/{name}``, ``GET /networks`` (``filters`` with ``label``),
+``DELETE /networks/{id}``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class FakeEngineAPI:
         self.docker_host = "unix://" + socket_path
         self.containers: dict[str, dict[str, str]] = {}
         self.volumes: dict[str, dict[str, str]] = {}
+        self.networks: dict[str, dict[str, str]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.unexpected: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -85,7 +87,7 @@ class FakeEngineAPI:
 
     def listed_labels(self, kind: str) -> list[list[str]]:
         """The label filters of every listing of ``kind`` (``containers``/``volumes``)."""
-        route = "/containers/json" if kind == "containers" else "/volumes"
+        route = "/containers/json" if kind == "containers" else f"/{kind}"
         found = []
         for method, path, query in self.requests:
             if method == "GET" and path == route:
@@ -124,7 +126,18 @@ class FakeEngineAPI:
                     ],
                     "Warnings": None,
                 }
-            for prefix, table in (("/containers/", self.containers), ("/volumes/", self.volumes)):
+            if method == "GET" and path == "/networks":
+                return 200, [
+                    {"Id": ident, "Name": ident, "Labels": dict(labels)}
+                    for ident, labels in self.networks.items()
+                    if _labels_match(labels, filters)
+                ]
+            tables = (
+                ("/containers/", self.containers),
+                ("/volumes/", self.volumes),
+                ("/networks/", self.networks),
+            )
+            for prefix, table in tables:
                 if (
                     method == "DELETE"
                     and path.startswith(prefix)
