@@ -76,8 +76,6 @@ from bounded_query.broker.apiproxy._config import (
 from bounded_query.broker.apiproxy._limits import DEFAULT_RESPONSE_TIMEOUT_S
 from bounded_query.broker.config import BrokerConfig, encode_config
 from bounded_query.broker.protocol.policy import (
-    API_PROXY_CREDENTIAL_VARIABLES,
-    API_PROXY_DEFAULT_UPSTREAMS,
     API_PROXY_PORT,
     ENCLAVE_API_PROXY_ALIAS,
     ENCLAVE_IMAGES,
@@ -87,10 +85,10 @@ from bounded_query.broker.protocol.policy import (
     LABEL_AGENT_HARNESS,
     LABEL_ROLE,
     SUBSYSTEM_AGENT,
-    parse_memory_limit,
 )
+from bounded_query.broker.runner import EnclaveOptions
 from bounded_query.harness.configuration.apiproxy_image import APIPROXY_IMAGE, APIPROXY_UID
-from bounded_query.harness.configuration.config import BoundedAgentsConfig
+from bounded_query.harness.configuration.config import ApiTarget, BoundedAgentsConfig
 from bounded_query.harness.lifecycle.paths import RunPaths, agent_run_paths
 from bounded_query.harness.staging.seeds import SeedSpec
 
@@ -104,7 +102,6 @@ __all__ = [
     "agent_labels",
     "candidate_subnets",
     "control_request",
-    "nano_cpus",
     "plan_agents",
     "proxy_address",
     "proxy_config_doc",
@@ -192,27 +189,6 @@ def proxy_address(subnet: str) -> str:
     return str(ipaddress.ip_network(subnet).network_address + 2)
 
 
-def nano_cpus(cpu_limit: str) -> int:
-    """``cpuLimit`` ("1", "0.5") as nano-CPUs.
-
-    Raises:
-        ValueError: not a positive decimal number (a configuration fault preflight reports).
-    """
-    value = float(cpu_limit)
-    if not 0 < value < 1024:
-        raise ValueError(f"cpuLimit {cpu_limit!r}: expected a positive number of CPUs")
-    return round(value * 1e9)
-
-
-def _upstream(config: BoundedAgentsConfig) -> tuple[str, bool]:
-    target = config.target
-    if target is None:
-        return API_PROXY_DEFAULT_UPSTREAMS[config.engine], False
-    return f"{target.scheme}://{target.host}:{target.port}{target.base_path}", (
-        target.scheme == "http"
-    )
-
-
 def plan_agents(
     config: BoundedAgentsConfig,
     *,
@@ -222,19 +198,25 @@ def plan_agents(
     workspace: Path,
     base: Path,
     seed_sources: Mapping[str, Path],
+    target: ApiTarget,
+    credential_variable: str,
     egress_network: str | None = None,
     socket_gid: int | None = None,
 ) -> AgentPlan:
     """The plan of the bounded-agent subsystem of run ``run_id`` (pure).
 
+    ``target`` and ``credential_variable`` are the preflight's answers
+    (``agent_preflight.agent_api_target`` and ``credential_variable``): where
+    the proxy sends the engine's requests, and which harness variable holds
+    the provider credential.
+
     Raises:
-        AgentSetupError: the engine has no enclave or no credential variable
-            (preflight refuses these first; this is the fail-closed backstop).
+        AgentSetupError: the engine has no enclave (preflight refuses it first;
+            this is the fail-closed backstop).
     """
-    if config.engine not in ENCLAVE_IMAGES or config.engine not in API_PROXY_CREDENTIAL_VARIABLES:
+    if config.engine not in ENCLAVE_IMAGES:
         raise AgentSetupError(f"boundedAgents.engine {config.engine!r} has no enclave yet")
     short = run_id[:16]
-    upstream, insecure = _upstream(config)
     return AgentPlan(
         config=config,
         run_id=run_id,
@@ -249,9 +231,9 @@ def plan_agents(
         proxy_name=f"bq-api-proxy-{short}",
         proxy_image=APIPROXY_IMAGE,
         proxy_user=(APIPROXY_UID, APIPROXY_UID) if euid == 0 else (uid, os.getgid()),
-        credential_variable=API_PROXY_CREDENTIAL_VARIABLES[config.engine][0],
-        upstream_url=upstream,
-        allow_insecure=insecure,
+        credential_variable=credential_variable,
+        upstream_url=target.url,
+        allow_insecure=target.scheme == "http",
         socket_gid=socket_gid,
     )
 
@@ -287,13 +269,7 @@ def proxy_config_doc(plan: AgentPlan, address: str) -> dict[str, object]:
 def agent_broker_config_doc(
     plan: AgentPlan, *, address: str, docker_host: str
 ) -> dict[str, object]:
-    """The agent broker's ``--config`` document.
-
-    REPLACE when agent-broker's ``BrokerConfig(subsystem=..., enclave=EnclaveOptions(...))``
-    lands: build that value and return ``encode_config(...)`` of it. Until
-    then the two keys are added by hand, with the very names of that
-    contract (agents.md), so the document is already the one it parses.
-    """
+    """The agent broker's ``--config`` document (``broker/config.encode_config``)."""
     config = plan.config
     paths = plan.paths
     document = BrokerConfig(
@@ -306,28 +282,27 @@ def agent_broker_config_doc(
         runtime=config.runtime,
         timeout_s=config.timeout,
         memory_limit=config.memory_limit,
-        memory_bytes=parse_memory_limit(config.memory_limit),
+        memory_bytes=config.memory_bytes,
         max_invocations=config.max_invocations,
         image=ENCLAVE_IMAGES[config.engine],
         docker_host=docker_host,
         host_path_map=(),
+        subsystem=SUBSYSTEM_AGENT,
+        enclave=EnclaveOptions(
+            engine=config.engine,
+            model=config.model,
+            network=plan.network,
+            proxy_address=address,
+            proxy_port=API_PROXY_PORT,
+            control_socket=paths.proxy_control_socket,
+            nano_cpus=config.nano_cpus,
+            pids_limit=config.pids_limit,
+            tmpfs_bytes=config.tmpfs_bytes,
+            max_output_bytes=config.max_output_bytes,
+            max_task_bytes=config.max_task_bytes,
+        ),
     )
-    doc = encode_config(document)
-    doc["subsystem"] = SUBSYSTEM_AGENT
-    doc["enclave"] = {
-        "engine": config.engine,
-        "model": config.model,
-        "network": plan.network,
-        "proxyAddress": address,
-        "proxyPort": API_PROXY_PORT,
-        "controlSocket": str(paths.proxy_control_socket),
-        "nanoCpus": nano_cpus(config.cpu_limit),
-        "pidsLimit": config.pids_limit,
-        "tmpfsBytes": parse_memory_limit(config.tmpfs_limit),
-        "maxOutputBytes": config.max_output_bytes,
-        "maxTaskBytes": config.max_task_bytes,
-    }
-    return doc
+    return encode_config(document)
 
 
 def proxy_container_body(plan: AgentPlan) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from functools import partial
 import trio
 
 from bounded_query.broker.protocol.policy import (
-    API_PROXY_CREDENTIAL_VARIABLES,
+    AGENT_CREDENTIAL_VARIABLES,
     SUBSYSTEM_AGENT,
     parse_memory_limit,
 )
@@ -71,6 +71,12 @@ from bounded_query.harness.agent.supervise import (
     watch_child,
     watch_signals,
     workspace_owner,
+)
+from bounded_query.harness.configuration.agent_preflight import (
+    AgentPreflightInputs,
+    agent_api_target,
+    agent_preflight,
+    credential_variable,
 )
 from bounded_query.harness.configuration.channel_policy import (
     ChannelDecision,
@@ -328,7 +334,7 @@ async def run(
     agents_config = loaded.agents if loaded.agents.enabled else None
     credential = b""
     if agents_config is not None:
-        variables = API_PROXY_CREDENTIAL_VARIABLES.get(agents_config.engine, ())
+        variables = AGENT_CREDENTIAL_VARIABLES.get(agents_config.engine, ())
         if own_environment:  # read once: the copy in ``env`` is all that is left
             scrub_process_environment(variables)
     state = RunState(config=config, agents=agents_config)
@@ -364,6 +370,25 @@ async def run(
     )
     agent_plan: AgentPlan | None = None
     if agents_config is not None:
+        # Before anything is staged (spec 15.4 step 1): a run that could never
+        # launch an enclave never clones a private repository.
+        inputs = AgentPreflightInputs(
+            config=agents_config,
+            env=env,
+            seed_sources={k.lower(): v for k, v in options.seed_sources.items()},
+            allow_insecure_server=options.allow_insecure_server,
+            allow_insecure_api_target=options.allow_insecure_api_target,
+            egress_network=options.api_proxy_egress_network,
+        )
+        problems = await agent_preflight(
+            inputs, plan.docker_host, plan.run_id, probe_runtime=options.probe_runtime
+        )
+        if problems:
+            problems_event(sink, "preflight_error", problems)
+            sink.emit("preflight_failed", problems=len(problems), subsystem=SUBSYSTEM_AGENT)
+            await summarize(state, status, phase, sink, env)
+            sink.emit("run_end", status=status, phase=phase)
+            return status
         try:
             agent_plan = plan_agents(
                 agents_config,
@@ -373,7 +398,9 @@ async def run(
                 workspace=options.workspace,
                 base=options.base,
                 seed_sources=options.seed_sources,
-                egress_network=getattr(options, "api_proxy_egress_network", None),
+                target=agent_api_target(agents_config, env),
+                credential_variable=credential_variable(agents_config.engine, env) or "",
+                egress_network=options.api_proxy_egress_network,
                 socket_gid=plan.socket_gid,
             )
             credential = take_credential(env, agent_plan.credential_variable)
