@@ -84,13 +84,14 @@ from tests.harness.bq_harness_helpers import FAKE_BROKER, HOST_AGENT, make_repo,
 UID = os.getuid()
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CREDENTIAL = "sk-ant-REAL-" + secrets.token_hex(12)
+TARGET = ApiTarget("http", "provider.test", 9000, "/v1beta")
 AGENTS = BoundedAgentsConfig(
     enabled=True,
     private_repos=(PrivateRepo("octo/alpha", "confidential"),),
     runtime="docker",
     engine="claude",
     model="claude-test-model",
-    target=ApiTarget("http", "provider.test", 9000, "/v1beta"),
+    target=TARGET,
 )
 
 
@@ -103,7 +104,7 @@ def plan_for(run_id: str, base: Path = Path("/var/tmp"), **extra):
         workspace=Path("/work/ws"),
         base=base,
         seed_sources={},
-        target=AGENTS.target,
+        target=TARGET,
         credential_variable="ANTHROPIC_API_KEY",
         **extra,
     )
@@ -183,7 +184,7 @@ def test_an_engine_without_an_enclave_fails_closed():
             workspace=Path("/w"),
             base=Path("/var/tmp"),
             seed_sources={},
-            target=AGENTS.target,
+            target=TARGET,
             credential_variable="GEMINI_API_KEY",
         )
 
