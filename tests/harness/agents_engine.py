@@ -4,27 +4,18 @@
   value (its parsing from the configuration file is agent-harness's; once
   that lands the file's section alone does it and this wrapper is a no-op
   replacement of the same value).
-* :func:`agent_broker_starter` starts the agent broker child. Until the
-  agent-broker part lands (``broker/config.py`` without the ``subsystem``
-  key) the real broker cannot read the agent document, so -- INTERIM, for
-  the integrator to drop -- it runs the real query broker on the agent
-  socket, root and seed map (another run id, so its start-up reconcile
-  touches nothing of this run), which answers an agent frame with the
-  canonical error as well. Once the key exists it starts the broker with
-  the agent document unchanged.
+* :func:`agent_broker_starter` starts the real agent broker child (the
+  run's default; named so the SIGKILL script and the run test share it).
 * :data:`HARNESS_SCRIPT`: the same run in a child process, for SIGKILL tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from bounded_query.broker import config as broker_config
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, SUBSYSTEM_AGENT
+from bounded_query.broker.protocol.policy import SUBSYSTEM_AGENT
 from bounded_query.harness.configuration.config import (
     ApiTarget,
     BoundedAgentsConfig,
@@ -33,13 +24,11 @@ from bounded_query.harness.configuration.config import (
 from bounded_query.harness.lifecycle import orchestrate
 from bounded_query.harness.lifecycle.broker_child import ChildBroker, start_child_broker
 from bounded_query.harness.lifecycle.paths import RunPaths
-from bounded_query.harness.staging.outputs import write_json_private
 
 __all__ = [
     "AGENTS",
     "HARNESS_SCRIPT",
     "agent_broker_starter",
-    "broker_understands_agents",
     "with_agents",
 ]
 
@@ -53,11 +42,6 @@ AGENTS = BoundedAgentsConfig(
     model="claude-haiku-4-5",
     target=ApiTarget("http", "192.0.2.1", 9, ""),
 )
-
-
-def broker_understands_agents() -> bool:
-    """Whether the broker's config codec has the agent keys (agent-broker landed)."""
-    return "subsystem" in getattr(broker_config, "_CONFIG_KEYS", frozenset())
 
 
 def with_agents(agents: BoundedAgentsConfig = AGENTS) -> Any:
@@ -74,13 +58,7 @@ def with_agents(agents: BoundedAgentsConfig = AGENTS) -> Any:
 async def agent_broker_starter(
     options: Any, paths: RunPaths, env: Mapping[str, str]
 ) -> ChildBroker:
-    """Start the agent broker child (see the module docstring for the interim bridge)."""
-    if not broker_understands_agents():
-        doc = json.loads(paths.broker_config.read_text(encoding="utf-8"))
-        assert doc.pop("subsystem") == SUBSYSTEM_AGENT
-        assert set(doc.pop("enclave")) >= {"network", "proxyAddress", "controlSocket"}
-        doc.update(runId=secrets.token_hex(16), image=DEFAULT_IMAGE)
-        write_json_private(paths.broker_config, doc)
+    """Start the agent broker child exactly as the run does."""
     return await start_child_broker(options, paths, env, SUBSYSTEM_AGENT)
 
 
@@ -105,6 +83,7 @@ options = RunOptions(
     base=Path(base),
     agent_on_host=True,
     unconfined_agent=True,
+    allow_insecure_api_target=True,
 )
 sys.exit(trio.run(lambda: run(options, EventSink(sys.stderr), None, None, agent_broker_starter)))
 """

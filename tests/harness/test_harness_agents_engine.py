@@ -276,6 +276,7 @@ async def test_a_run_with_bounded_agents_serves_the_agent_socket_and_keeps_the_c
             seed_sources={"octo/alpha": source},
             workspace=workspace,
             base=base,
+            allow_insecure_api_target=True,  # the test target is http (nothing is forwarded)
             **(HOST_AGENT if mode == "host" else {}),
         )
         env = {
