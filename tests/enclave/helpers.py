@@ -29,6 +29,8 @@ from bounded_query.broker.protocol.policy import (
     QUERY_UID,
 )
 from bounded_query.sandbox.enclave_spec import (
+    ENGINE_WORKSPACE_FILES,
+    PROC_STAT,
     RESOLV_CONF,
     EnclaveInvocation,
     EnclaveSettings,
@@ -45,6 +47,13 @@ TEST_LABEL_VALUE = "agent-enclave"
 FAKE_PORT = 8080
 MODEL = "claude-enclave-test-model"
 FAKE_SOURCE = Path(__file__).resolve().parents[1] / "fakes" / "anthropic_provider.py"
+#: The fake provider each engine talks to (the wire protocol of its route).
+FAKE_SOURCES = {
+    "claude": FAKE_SOURCE,
+    "copilot": FAKE_SOURCE.with_name("openai_provider.py"),
+}
+#: The constant contents of the engines' own workspace files.
+ENGINE_FILE_CONTENTS = {"proc-stat": PROC_STAT}
 BASE = Path("/var/tmp")
 GIT_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -176,6 +185,8 @@ class Rig:
         (ws / "schema.json").write_text(json.dumps(schema))
         (ws / "hosts").write_text(hosts_file(settings))
         (ws / "resolv.conf").write_text(RESOLV_CONF)
+        for name in ENGINE_WORKSPACE_FILES.get(settings.engine, {}):
+            (ws / name).write_text(ENGINE_FILE_CONTENTS[name])
         result = ws / "result.json"
         result.write_bytes(b"")
         os.chown(result, QUERY_UID, QUERY_GID)
@@ -247,13 +258,14 @@ def _create_network(client: Any) -> tuple[str, str]:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test network")
 
 
-def start_rig(client: Any) -> Rig:
-    """Create the network and start the fake provider at the proxy's alias and address."""
+def start_rig(client: Any, engine: str = "claude") -> Rig:
+    """Create the network and start ``engine``'s fake provider at the proxy's alias and address."""
+    source = FAKE_SOURCES[engine]
     root = BASE / f"bq-enclave-test-{secrets.token_hex(6)}"
     root.mkdir(mode=0o755)
     fake_dir = root / "fake"
     fake_dir.mkdir(mode=0o755)
-    shutil.copy(FAKE_SOURCE, fake_dir / "anthropic_provider.py")
+    shutil.copy(source, fake_dir / source.name)
     script_path = fake_dir / "script.json"
     script_path.write_text(json.dumps({"command": "true", "marker": "-", "answer": "null"}))
     record_path = fake_dir / "record.jsonl"
@@ -278,7 +290,7 @@ def start_rig(client: Any) -> Rig:
         )
         fake_id = api.create_container(
             FAKE_IMAGE,
-            entrypoint=["/usr/bin/python3", "-I", "-S", "-u", "/fake/anthropic_provider.py"],
+            entrypoint=["/usr/bin/python3", "-I", "-S", "-u", f"/fake/{source.name}"],
             command=["/fake/script.json", "/fake/record.jsonl", str(FAKE_PORT)],
             user=f"{QUERY_UID}:{QUERY_GID}",
             working_dir="/fake",
