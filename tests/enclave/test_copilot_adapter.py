@@ -202,3 +202,43 @@ def test_proc_stat_is_constant_and_names_one_idle_cpu() -> None:
         name, *values = line.split()
         expected = {"procs_running": ["1"]}.get(name, ["0"] * len(values))
         assert values == expected, line
+
+
+def test_the_openai_fake_answers_only_after_the_marker_came_back() -> None:
+    """The fake's script, pure: tool call first, the answer only for the marker, SSE reassembles."""
+    from tests.fakes import openai_provider as fake
+
+    script = fake.Script(
+        {"command": "cat m", "marker": "MK", "answer": "yes", "wrong_answer": "no"}
+    )
+    tools = [{"type": "function", "function": {"name": "bash"}}]
+    first = {"messages": [{"role": "user", "content": "q"}], "tools": tools}
+    finish, message = fake.reply_for(script, first)
+    assert finish == "tool_calls"
+    (call,) = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["command"] == "cat m"
+    back = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "x MK y"}]
+    assert fake.reply_for(script, {**first, "messages": first["messages"] + back}) == (
+        "stop",
+        {"role": "assistant", "content": "yes"},
+    )
+    wrong = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "nothing"}]
+    assert (
+        fake.reply_for(script, {**first, "messages": first["messages"] + wrong})[1]["content"]
+        == "no"
+    )
+    # No tool offered: no tool call, and no free pass either.
+    assert fake.reply_for(script, {"messages": first["messages"]}) == (
+        "stop",
+        {"role": "assistant", "content": "no"},
+    )
+    # The streamed form carries the same call.
+    events = fake._stream("m", finish, message).decode().split("\n\n")
+    assert events[-2] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-2] if e]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    arguments = "".join(
+        d["tool_calls"][0]["function"].get("arguments", "") for d in deltas if "tool_calls" in d
+    )
+    assert arguments == call["function"]["arguments"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
