@@ -315,7 +315,11 @@ def start_rig(client: Any, engine: str = "claude") -> Rig:
 
 
 def run_loopback(
-    client: Any, oci_runtime: str, files: dict[str, str], script: dict[str, str]
+    client: Any,
+    oci_runtime: str,
+    files: dict[str, str],
+    script: dict[str, str],
+    engine: str = "claude",
 ) -> tuple[EnclaveRun, list[dict[str, Any]]]:
     """One enclave with the fake provider *inside* it on loopback, on ``oci_runtime``.
 
@@ -329,16 +333,19 @@ def run_loopback(
     """
     root = BASE / f"bq-enclave-test-{secrets.token_hex(6)}"
     root.mkdir(mode=0o755)
+    source = FAKE_SOURCES[engine]
     try:
         fake = root / "fake"
         fake.mkdir(mode=0o755)
-        shutil.copy(FAKE_SOURCE, fake / "anthropic_provider.py")
+        shutil.copy(source, fake / source.name)
         (fake / "script.json").write_text(json.dumps(script))
         record = fake / "record.jsonl"
         record.write_text("")
         os.chown(record, QUERY_UID, QUERY_GID)
         rig = Rig(client, root, "none", "127.0.0.1", "", fake / "script.json", record)
-        settings = rig.settings("docker", network="none", pids_limit=512)
+        settings = rig.settings(
+            "docker", network="none", pids_limit=512, engine=engine, image=ENCLAVE_IMAGES[engine]
+        )
         seed = rig.seed(files)
 
         def customize(body: dict[str, Any]) -> None:
@@ -358,7 +365,7 @@ def run_loopback(
                 {"Type": "bind", "Source": str(fake), "Target": "/fake", "ReadOnly": False}
             )
             start_fake = (
-                "python3 -I -S /fake/anthropic_provider.py /fake/script.json"
+                f"python3 -I -S /fake/{source.name} /fake/script.json"
                 f" /fake/record.jsonl {FAKE_PORT} > /tmp/fake.out &"
                 " for _ in $(seq 100); do grep -q ready /tmp/fake.out && break; sleep 0.05; done;"
                 " exec " + " ".join(body["Entrypoint"] + body["Cmd"])

@@ -29,7 +29,7 @@ from bounded_query.broker.protocol.policy import (
 )
 from bounded_query.sandbox.enclave_adapter import COPILOT_TOOLS
 from bounded_query.sandbox.enclave_spec import PROC_STAT
-from tests.enclave.helpers import MODEL, Rig, start_rig
+from tests.enclave.helpers import MODEL, Rig, run_loopback, start_rig
 from tests.enclave.test_enclave_engine import bridge_peer, host_listener  # noqa: F401
 
 pytestmark = pytest.mark.engine
@@ -283,3 +283,20 @@ def test_an_answer_that_is_not_one_json_value_leaves_the_result_empty(rig: Rig) 
     assert run.result == b""
     assert "final answer is not one JSON value" in run.logs
     assert marker in rig.records()[-1]["tool_results"][-1]
+
+
+def test_copilot_runs_under_gvisor_with_the_enclave_profile(rig: Rig) -> None:
+    """Copilot, the adapter and the profile's gVisor variant work on runsc (fake on loopback).
+
+    As for claude (test_enclave_engine.py): the queries' runsc registration
+    has no network, so the fake runs inside the enclave on loopback.
+    """
+    marker = secrets.token_hex(12)
+    script = {"command": "cat marker.txt", "marker": marker, "answer": "true"}
+    run, records = run_loopback(
+        rig.client, "runsc", {"marker.txt": marker + "\n"}, script, engine="copilot"
+    )
+    assert run.exit_code == 0, run.logs
+    assert run.result == b"true"
+    assert [e["reply"] for e in records] == ["tool_calls", "stop"]
+    assert marker in records[-1]["tool_results"][-1]
