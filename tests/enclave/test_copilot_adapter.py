@@ -212,23 +212,21 @@ def test_the_openai_fake_answers_only_after_the_marker_came_back() -> None:
         {"command": "cat m", "marker": "MK", "answer": "yes", "wrong_answer": "no"}
     )
     tools = [{"type": "function", "function": {"name": "bash"}}]
-    first = {"messages": [{"role": "user", "content": "q"}], "tools": tools}
+    question: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    first: dict[str, Any] = {"messages": question, "tools": tools}
     finish, message = fake.reply_for(script, first)
     assert finish == "tool_calls"
     (call,) = message["tool_calls"]
     assert json.loads(call["function"]["arguments"])["command"] == "cat m"
     back = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "x MK y"}]
-    assert fake.reply_for(script, {**first, "messages": first["messages"] + back}) == (
+    assert fake.reply_for(script, {**first, "messages": question + back}) == (
         "stop",
         {"role": "assistant", "content": "yes"},
     )
     wrong = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "content": "nothing"}]
-    assert (
-        fake.reply_for(script, {**first, "messages": first["messages"] + wrong})[1]["content"]
-        == "no"
-    )
+    assert fake.reply_for(script, {**first, "messages": question + wrong})[1]["content"] == "no"
     # No tool offered: no tool call, and no free pass either.
-    assert fake.reply_for(script, {"messages": first["messages"]}) == (
+    assert fake.reply_for(script, {"messages": question}) == (
         "stop",
         {"role": "assistant", "content": "no"},
     )
