@@ -36,7 +36,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "ENGINES",
@@ -46,6 +46,7 @@ __all__ = [
     "MAX_TASK_BYTES",
     "PROMPT_INSTRUCTION",
     "AdapterError",
+    "bounded_output",
     "build_prompt",
     "engine_argv",
     "engine_env",
@@ -84,8 +85,13 @@ MAX_SCHEMA_BYTES = 16384
 #: spec 15.2 ``maxOutputBytes`` is at most 8192; larger answers are dropped.
 MAX_RESULT_BYTES = 8192
 #: The engine's JSON report is read up to this size; a longer one is not an
-#: answer (the final answer is at most a few KiB of it).
+#: answer (the final answer is at most a few KiB of it). Of an event stream
+#: (copilot's JSONL, whose every tool output travels in it two or three
+#: times) only the last this many bytes are kept, from the first whole line:
+#: the final message and the result event end the stream.
 MAX_ENGINE_STDOUT_BYTES = 4 * 1024 * 1024
+#: The engines whose output is an event stream read from its end.
+_STREAMING_OUTPUT = frozenset({"copilot"})
 #: The fixed instruction of every prompt (spec 15.3: the task is forwarded
 #: verbatim; everything around it is ours).
 PROMPT_INSTRUCTION = (
@@ -411,8 +417,34 @@ def _read_bounded(path: str, limit: int) -> bytes:
     return data
 
 
-def _run_engine(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """Run the engine to completion; its stdout, bounded (the rest is drained and dropped)."""
+def bounded_output(chunks: Iterable[bytes], *, tail: bool) -> bytes:
+    """At most :data:`MAX_ENGINE_STDOUT_BYTES` of ``chunks``, plus one chunk's slack.
+
+    Head (``tail`` false): the first bytes; a longer report comes out longer
+    than the bound, which :func:`extract_answer` refuses. Tail: the last
+    bytes, and when anything was dropped, only from the first whole line on
+    (a cut line is not an event).
+    """
+    kept = bytearray()
+    dropped = False
+    for chunk in chunks:
+        if not tail:
+            if len(kept) <= MAX_ENGINE_STDOUT_BYTES:
+                kept += chunk
+            continue
+        kept += chunk
+        excess = len(kept) - MAX_ENGINE_STDOUT_BYTES
+        if excess > 0:
+            del kept[:excess]
+            dropped = True
+    if dropped:
+        newline = kept.find(b"\n")
+        del kept[: newline + 1 if newline >= 0 else len(kept)]
+    return bytes(kept)
+
+
+def _run_engine(argv: Sequence[str], env: Mapping[str, str], *, tail: bool) -> bytes:
+    """Run the engine to completion; its stdout, bounded (:func:`bounded_output`)."""
     with subprocess.Popen(
         list(argv),
         cwd=SEED_DIR,
@@ -422,14 +454,10 @@ def _run_engine(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
         stderr=None,
     ) as proc:
         assert proc.stdout is not None
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := proc.stdout.read(65536):
-            if size <= MAX_ENGINE_STDOUT_BYTES:
-                chunks.append(chunk)
-            size += len(chunk)
+        stdout = proc.stdout
+        output = bounded_output(iter(lambda: stdout.read(65536), b""), tail=tail)
         proc.wait()
-    return b"".join(chunks)
+    return output
 
 
 def _write_result(data: bytes) -> None:
@@ -462,7 +490,8 @@ def main(argv: Sequence[str]) -> int:
         home = env.get("HOME")
         if home:
             os.makedirs(home, mode=0o700, exist_ok=True)
-        answer = extract_answer(_run_engine(command, env), engine)
+        output = _run_engine(command, env, tail=engine in _STREAMING_OUTPUT)
+        answer = extract_answer(output, engine)
     except (AdapterError, UnicodeDecodeError, OSError) as exc:
         print(f"adapter: no answer: {exc}", file=sys.stderr)
         return 1

@@ -240,3 +240,24 @@ def test_the_openai_fake_answers_only_after_the_marker_came_back() -> None:
     )
     assert arguments == call["function"]["arguments"]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+
+
+def test_an_event_stream_is_kept_from_its_end() -> None:
+    """A long copilot run (tool output repeated in the stream) still yields its final answer."""
+    limit = adapter.MAX_ENGINE_STDOUT_BYTES
+    noise = json.dumps({"type": "tool.shell_output", "data": {"text": "x" * 50_000}}) + "\n"
+    head = noise.encode() * (2 * limit // len(noise))
+    stream = head + _events(_message('{"found": true}'), RESULT_OK)
+    chunks = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
+    kept = adapter.bounded_output(chunks, tail=True)
+    assert len(kept) <= limit
+    assert kept.startswith(b'{"type": "tool.shell_output"')  # from a whole line on
+    assert adapter.extract_answer(kept, "copilot") == b'{"found": true}'
+    # The head of the same stream is too long to be an answer: refused, never cut.
+    head_kept = adapter.bounded_output(chunks, tail=False)
+    assert len(head_kept) > limit
+    with pytest.raises(adapter.AdapterError, match="too large"):
+        adapter.extract_answer(head_kept, "claude")
+    # Short output is kept whole either way.
+    assert adapter.bounded_output([b"a\n", b"b"], tail=True) == b"a\nb"
+    assert adapter.bounded_output([b"a\n", b"b"], tail=False) == b"a\nb"
