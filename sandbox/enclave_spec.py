@@ -80,6 +80,7 @@ __all__ = [
     "EnclaveSettings",
     "enclave_name",
     "enclave_spec",
+    "engine_file_contents",
     "hosts_file",
     "network_spec",
     "workspace_files",
@@ -305,6 +306,16 @@ def workspace_files(engine: str) -> Mapping[str, str]:
     enclave starts; :func:`enclave_spec` bind-mounts exactly these.
     """
     return {**WORKSPACE_FILES, **ENGINE_WORKSPACE_FILES.get(engine, {})}
+
+
+def engine_file_contents(engine: str) -> Mapping[str, bytes]:
+    """The constant bytes of ``engine``'s own workspace files (:data:`ENGINE_WORKSPACE_FILES`).
+
+    The broker writes them read-only (0444) next to the common files; they
+    are the same for every invocation.
+    """
+    contents = {"proc-stat": PROC_STAT.encode("ascii")}
+    return {name: contents[name] for name in ENGINE_WORKSPACE_FILES.get(engine, {})}
 
 
 def enclave_name(run_id: str, invocation_id: str) -> str:

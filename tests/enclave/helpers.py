@@ -29,12 +29,11 @@ from bounded_query.broker.protocol.policy import (
     QUERY_UID,
 )
 from bounded_query.sandbox.enclave_spec import (
-    ENGINE_WORKSPACE_FILES,
-    PROC_STAT,
     RESOLV_CONF,
     EnclaveInvocation,
     EnclaveSettings,
     enclave_spec,
+    engine_file_contents,
     hosts_file,
     network_spec,
 )
@@ -52,8 +51,6 @@ FAKE_SOURCES = {
     "claude": FAKE_SOURCE,
     "copilot": FAKE_SOURCE.with_name("openai_provider.py"),
 }
-#: The constant contents of the engines' own workspace files.
-ENGINE_FILE_CONTENTS = {"proc-stat": PROC_STAT}
 BASE = Path("/var/tmp")
 GIT_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -185,8 +182,8 @@ class Rig:
         (ws / "schema.json").write_text(json.dumps(schema))
         (ws / "hosts").write_text(hosts_file(settings))
         (ws / "resolv.conf").write_text(RESOLV_CONF)
-        for name in ENGINE_WORKSPACE_FILES.get(settings.engine, {}):
-            (ws / name).write_text(ENGINE_FILE_CONTENTS[name])
+        for name, data in engine_file_contents(settings.engine).items():
+            (ws / name).write_bytes(data)
         result = ws / "result.json"
         result.write_bytes(b"")
         os.chown(result, QUERY_UID, QUERY_GID)

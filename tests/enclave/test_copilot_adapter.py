@@ -183,6 +183,10 @@ def test_copilot_enclave_gets_the_constant_proc_stat_and_its_endpoint() -> None:
     assert f"COPILOT_PROVIDER_API_KEY={PLACEHOLDER}" in body["Env"]
     assert body["Cmd"] == ["copilot", "m"]
     assert enclave_spec.workspace_files("copilot")["proc-stat"] == "/proc/stat"
+    assert enclave_spec.engine_file_contents("copilot") == {
+        "proc-stat": enclave_spec.PROC_STAT.encode()
+    }
+    assert enclave_spec.engine_file_contents("claude") == {}
 
 
 def test_claude_enclave_is_unchanged_by_copilot() -> None:
