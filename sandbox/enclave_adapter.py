@@ -18,11 +18,12 @@ the broker trusts nothing it writes and validates the result file strictly
    settings or instructions loaded from the repository or from any user or
    project scope (:func:`engine_argv`, :func:`engine_env`), HOME on the
    ``/agent`` tmpfs;
-4. take the final answer from the engine's JSON output and reduce it to one
-   JSON value (:func:`extract_answer`: surrounding whitespace and one Markdown
-   code fence removed), and write it to the result file. Anything else
-   leaves the result file empty, which the broker answers with the canonical
-   error.
+4. take the final answer from the engine's JSON output (Claude Code's one
+   report object, Copilot's JSONL event stream) and reduce it to one JSON
+   value (:func:`extract_answer`: surrounding whitespace and one Markdown
+   code fence removed; the same rule for every engine), and write it to the
+   result file. Anything else leaves the result file empty, which the broker
+   answers with the canonical error.
 
 The pure parts (:func:`build_prompt`, :func:`extract_answer`,
 :func:`engine_argv`, :func:`engine_env`) take and return plain values and
@@ -35,7 +36,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "ENGINES",
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_TASK_BYTES",
     "PROMPT_INSTRUCTION",
     "AdapterError",
+    "bounded_output",
     "build_prompt",
     "engine_argv",
     "engine_env",
@@ -53,10 +55,22 @@ __all__ = [
 ]
 
 #: The engines this adapter can drive (their ``boundedAgents.engine`` names).
-ENGINES = ("claude",)
+ENGINES = ("claude", "copilot")
 #: Where each engine's binary lives in its enclave image
 #: (``sandbox/enclave_image/build.sh``).
-ENGINE_BINARIES: Mapping[str, str] = {"claude": "/opt/engine/bin/claude"}
+ENGINE_BINARIES: Mapping[str, str] = {
+    "claude": "/opt/engine/bin/claude",
+    "copilot": "/opt/engine/bin/copilot",
+}
+#: Where the copilot image holds the package its single executable would
+#: otherwise unpack (235 MB) into HOME on every run: build.sh unpacks it
+#: there, read-only, at build time.
+COPILOT_PKG_CACHE = "/opt/engine/cache"
+#: Copilot's tools offered to the model: its shell (and the calls that read
+#: or stop a long-running command) and its read-only file tools. Left out:
+#: sub-agents (``task`` and friends), skills, SQL session stores, its own
+#: documentation fetcher, and every editing tool.
+COPILOT_TOOLS = ("bash", "read_bash", "stop_bash", "list_bash", "view", "rg", "glob")
 #: The fixed in-enclave paths (``sandbox/enclave_spec.py`` mounts them).
 SEED_DIR = "/awf/seed"
 TASK_PATH = "/awf/task.txt"
@@ -71,8 +85,13 @@ MAX_SCHEMA_BYTES = 16384
 #: spec 15.2 ``maxOutputBytes`` is at most 8192; larger answers are dropped.
 MAX_RESULT_BYTES = 8192
 #: The engine's JSON report is read up to this size; a longer one is not an
-#: answer (the final answer is at most a few KiB of it).
+#: answer (the final answer is at most a few KiB of it). Of an event stream
+#: (copilot's JSONL, whose every tool output travels in it two or three
+#: times) only the last this many bytes are kept, from the first whole line:
+#: the final message and the result event end the stream.
 MAX_ENGINE_STDOUT_BYTES = 4 * 1024 * 1024
+#: The engines whose output is an event stream read from its end.
+_STREAMING_OUTPUT = frozenset({"copilot"})
 #: The fixed instruction of every prompt (spec 15.3: the task is forwarded
 #: verbatim; everything around it is ours).
 PROMPT_INSTRUCTION = (
@@ -143,26 +162,15 @@ def _strip_fence(text: str) -> str:
     return body.strip()
 
 
-def extract_answer(engine_stdout: bytes) -> bytes:
-    """The one JSON value of the engine's final answer, as UTF-8 bytes.
+def _claude_final_text(report_text: str) -> str:
+    """The final message of Claude Code's ``--output-format json`` report.
 
-    ``engine_stdout`` is Claude Code's ``--output-format json`` report: one
-    JSON object whose ``type`` is ``"result"``, ``is_error`` false and
-    ``result`` the final message text. That text, with surrounding whitespace
-    and at most one enclosing Markdown code fence removed, must be exactly one
-    JSON value; it is returned as sent (the broker validates and
-    re-serializes it strictly).
-
-    Raises:
-        AdapterError: the report is not such an object, the run ended in an
-            error, or the answer is not one JSON value or is larger than
-            :data:`MAX_RESULT_BYTES`.
+    One JSON object whose ``type`` is ``"result"``, ``is_error`` false and
+    ``result`` the final message text.
     """
-    if len(engine_stdout) > MAX_ENGINE_STDOUT_BYTES:
-        raise AdapterError("engine report too large")
     try:
-        report = json.loads(engine_stdout.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        report = json.loads(report_text)
+    except ValueError:
         raise AdapterError("engine report is not JSON") from None
     if not isinstance(report, dict) or report.get("type") != "result":
         raise AdapterError("engine report is not a result object")
@@ -171,7 +179,74 @@ def extract_answer(engine_stdout: bytes) -> bytes:
     text = report.get("result")
     if not isinstance(text, str):
         raise AdapterError("engine report has no final answer")
-    answer = _strip_fence(text.strip())
+    return text
+
+
+def _copilot_final_text(report_text: str) -> str:
+    """The final message of Copilot's ``--output-format json`` event stream.
+
+    One JSON object per line. The last line must be the ``result`` event
+    with ``exitCode`` 0; the answer is the ``content`` of the last
+    ``assistant.message`` event, which must request no tool (a run that
+    ended on a tool request did not finish). The text output mode is not
+    used: it renders the message as Markdown and so rewrites JSON strings
+    (``*y*`` -> ``y``, measured).
+    """
+    events: list[dict[str, object]] = []
+    for line in report_text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            raise AdapterError("engine event stream holds a line that is not JSON") from None
+        if not isinstance(event, dict):
+            raise AdapterError("engine event stream holds a non-object")
+        events.append(event)
+    if not events or events[-1].get("type") != "result":
+        raise AdapterError("engine event stream does not end in a result event")
+    exit_code = events[-1].get("exitCode")
+    if isinstance(exit_code, bool) or exit_code != 0:
+        raise AdapterError("engine run ended in an error")
+    messages = [e for e in events if e.get("type") == "assistant.message"]
+    if not messages:
+        raise AdapterError("engine event stream has no final answer")
+    data = messages[-1].get("data")
+    if not isinstance(data, dict) or data.get("toolRequests"):
+        raise AdapterError("engine's last message is not a final answer")
+    text = data.get("content")
+    if not isinstance(text, str):
+        raise AdapterError("engine event stream has no final answer")
+    return text
+
+
+_FINAL_TEXT = {"claude": _claude_final_text, "copilot": _copilot_final_text}
+
+
+def extract_answer(engine_stdout: bytes, engine: str = "claude") -> bytes:
+    """The one JSON value of ``engine``'s final answer, as UTF-8 bytes.
+
+    ``engine_stdout`` is the engine's JSON output: Claude Code's report
+    object (:func:`_claude_final_text`) or Copilot's event stream
+    (:func:`_copilot_final_text`). The final message text, with surrounding
+    whitespace and at most one enclosing Markdown code fence removed, must be
+    exactly one JSON value; it is returned as sent (the broker validates and
+    re-serializes it strictly).
+
+    Raises:
+        AdapterError: an engine this adapter does not drive; the output is
+            not such a report, the run ended in an error, or the answer is
+            not one JSON value or is larger than :data:`MAX_RESULT_BYTES`.
+    """
+    if engine not in ENGINES:
+        raise AdapterError(f"unsupported engine {engine!r}")
+    if len(engine_stdout) > MAX_ENGINE_STDOUT_BYTES:
+        raise AdapterError("engine report too large")
+    try:
+        report_text = engine_stdout.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AdapterError("engine report is not JSON") from None
+    answer = _strip_fence(_FINAL_TEXT[engine](report_text).strip())
     try:
         json.loads(answer)
     except ValueError:
@@ -185,9 +260,9 @@ def extract_answer(engine_stdout: bytes) -> bytes:
 def engine_argv(engine: str, model: str, prompt: str) -> list[str]:
     """The engine's fixed non-interactive command line (ENGINES.md).
 
-    Claude Code 2.1.328: print mode with a JSON report, only the Bash and
-    Read tools, permissions bypassed (the enclave is the sandbox), no session
-    file, no settings from any scope but the command line's
+    Copilot: see :func:`_copilot_argv`. Claude Code 2.1.328: print mode
+    with a JSON report, only the Bash and Read tools, permissions bypassed
+    (the enclave is the sandbox), no session file, no settings from any scope but the command line's
     (``--setting-sources ""``: neither the user's HOME nor the repository's
     ``.claude/``), no MCP server but the empty command-line set
     (``--strict-mcp-config``), no slash commands (a seed's
@@ -202,6 +277,8 @@ def engine_argv(engine: str, model: str, prompt: str) -> list[str]:
         raise AdapterError(f"unsupported engine {engine!r}")
     if not model or model.startswith("-"):
         raise AdapterError(f"invalid model name {model!r}")
+    if engine == "copilot":
+        return _copilot_argv(model, prompt)
     return [
         ENGINE_BINARIES[engine],
         "-p",
@@ -226,9 +303,54 @@ def engine_argv(engine: str, model: str, prompt: str) -> list[str]:
     ]
 
 
+def _copilot_argv(model: str, prompt: str) -> list[str]:
+    """GitHub Copilot CLI 1.0.102 in prompt mode, BYOK (the model is :func:`engine_env`'s).
+
+    The JSONL event stream (``--output-format json``) carries the final
+    message verbatim; no streaming (the API proxy sees whole responses); no
+    question to a user, no update, no remote control or export, no built-in
+    MCP server (GitHub's), no telemetry; no custom instructions
+    (``AGENTS.md``, ``.github/copilot-instructions.md`` and the like: a
+    seed's would steer it) and the working directory is never trusted (no
+    ``--trust-folder``, and ``COPILOT_ALLOW_ALL`` is not set), so a seed's
+    skills, plugins, MCP servers and hooks are not loaded. Only
+    :data:`COPILOT_TOOLS` are offered, all pre-approved (the enclave is the
+    sandbox). ``model`` is checked by the caller and passed as
+    ``COPILOT_MODEL`` (BYOK needs it there).
+    """
+    del model
+    return [
+        ENGINE_BINARIES["copilot"],
+        "-p",
+        prompt,
+        "--output-format",
+        "json",
+        "--stream",
+        "off",
+        "--no-color",
+        "--no-ask-user",
+        "--no-auto-update",
+        "--no-custom-instructions",
+        "--no-remote",
+        "--no-remote-export",
+        "--disable-builtin-mcps",
+        "--disable-client-telemetry",
+        "--allow-all-tools",
+        "--allow-all-paths",
+        "--available-tools=" + ",".join(COPILOT_TOOLS),
+    ]
+
+
 #: Variables the engine gets from the adapter's own (fixed, trusted)
 #: environment; nothing else is inherited.
-_PASSED_ENV = ("PATH", "LANG", "HOME", "TMPDIR", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")
+_PASSED_ENV = ("PATH", "LANG", "HOME", "TMPDIR")
+#: Per engine, its endpoint variables (``sandbox/enclave_spec.py``
+#: ``ENGINE_ENDPOINT_ENV``: the proxy's URL and the invocation's
+#: placeholder), passed through as well.
+_ENDPOINT_ENV: Mapping[str, tuple[str, ...]] = {
+    "claude": ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
+    "copilot": ("COPILOT_PROVIDER_BASE_URL", "COPILOT_PROVIDER_API_KEY"),
+}
 #: Claude Code switches: no update check, no telemetry, error reporting or
 #: other traffic beyond the model API; no CLAUDE.md memory files (the
 #: seed's would steer it); no IDE or terminal integration; the shell stays
@@ -247,16 +369,43 @@ _CLAUDE_ENV: Mapping[str, str] = {
 }
 
 
-def engine_env(engine: str, environ: Mapping[str, str]) -> dict[str, str]:
+#: Copilot switches (``copilot help environment``, ``help providers``):
+#: offline BYOK against the OpenAI chat-completions wire (no GitHub sign-in,
+#: telemetry, web tools or update check), the pre-unpacked package, no
+#: indexed-search server, no OpenTelemetry.
+_COPILOT_ENV: Mapping[str, str] = {
+    "COPILOT_OFFLINE": "true",
+    "COPILOT_PROVIDER_TYPE": "openai",
+    "COPILOT_PROVIDER_WIRE_API": "completions",
+    "COPILOT_AUTO_UPDATE": "false",
+    "COPILOT_PKG_CACHE_HOME": COPILOT_PKG_CACHE,
+    "COPILOT_OTEL_ENABLED": "false",
+    "USE_TGREP": "false",
+    "NO_COLOR": "1",
+}
+
+
+def engine_env(engine: str, environ: Mapping[str, str], model: str = "") -> dict[str, str]:
     """The engine's environment: the passed-through fixed variables plus the engine's switches.
 
+    ``model`` is the configured model; copilot takes it from
+    ``COPILOT_MODEL`` (claude from its command line).
+
     Raises:
-        AdapterError: an engine this adapter does not drive.
+        AdapterError: an engine this adapter does not drive, or copilot
+            without a plain model name.
     """
     if engine not in ENGINES:
         raise AdapterError(f"unsupported engine {engine!r}")
-    env = {name: environ[name] for name in _PASSED_ENV if name in environ}
-    env.update(_CLAUDE_ENV)
+    passed = (*_PASSED_ENV, *_ENDPOINT_ENV[engine])
+    env = {name: environ[name] for name in passed if name in environ}
+    if engine == "copilot":
+        if not model or model.startswith("-"):
+            raise AdapterError(f"invalid model name {model!r}")
+        env.update(_COPILOT_ENV)
+        env["COPILOT_MODEL"] = model
+    else:
+        env.update(_CLAUDE_ENV)
     return env
 
 
@@ -268,8 +417,34 @@ def _read_bounded(path: str, limit: int) -> bytes:
     return data
 
 
-def _run_engine(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """Run the engine to completion; its stdout, bounded (the rest is drained and dropped)."""
+def bounded_output(chunks: Iterable[bytes], *, tail: bool) -> bytes:
+    """At most :data:`MAX_ENGINE_STDOUT_BYTES` of ``chunks``, plus one chunk's slack.
+
+    Head (``tail`` false): the first bytes; a longer report comes out longer
+    than the bound, which :func:`extract_answer` refuses. Tail: the last
+    bytes, and when anything was dropped, only from the first whole line on
+    (a cut line is not an event).
+    """
+    kept = bytearray()
+    dropped = False
+    for chunk in chunks:
+        if not tail:
+            if len(kept) <= MAX_ENGINE_STDOUT_BYTES:
+                kept += chunk
+            continue
+        kept += chunk
+        excess = len(kept) - MAX_ENGINE_STDOUT_BYTES
+        if excess > 0:
+            del kept[:excess]
+            dropped = True
+    if dropped:
+        newline = kept.find(b"\n")
+        del kept[: newline + 1 if newline >= 0 else len(kept)]
+    return bytes(kept)
+
+
+def _run_engine(argv: Sequence[str], env: Mapping[str, str], *, tail: bool) -> bytes:
+    """Run the engine to completion; its stdout, bounded (:func:`bounded_output`)."""
     with subprocess.Popen(
         list(argv),
         cwd=SEED_DIR,
@@ -279,14 +454,10 @@ def _run_engine(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
         stderr=None,
     ) as proc:
         assert proc.stdout is not None
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := proc.stdout.read(65536):
-            if size <= MAX_ENGINE_STDOUT_BYTES:
-                chunks.append(chunk)
-            size += len(chunk)
+        stdout = proc.stdout
+        output = bounded_output(iter(lambda: stdout.read(65536), b""), tail=tail)
         proc.wait()
-    return b"".join(chunks)
+    return output
 
 
 def _write_result(data: bytes) -> None:
@@ -315,11 +486,12 @@ def main(argv: Sequence[str]) -> int:
         schema = _read_bounded(SCHEMA_PATH, MAX_SCHEMA_BYTES).decode("utf-8")
         prompt = build_prompt(task, schema)
         command = engine_argv(engine, model, prompt)
-        env = engine_env(engine, os.environ)
+        env = engine_env(engine, os.environ, model)
         home = env.get("HOME")
         if home:
             os.makedirs(home, mode=0o700, exist_ok=True)
-        answer = extract_answer(_run_engine(command, env))
+        output = _run_engine(command, env, tail=engine in _STREAMING_OUTPUT)
+        answer = extract_answer(output, engine)
     except (AdapterError, UnicodeDecodeError, OSError) as exc:
         print(f"adapter: no answer: {exc}", file=sys.stderr)
         return 1

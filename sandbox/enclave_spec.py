@@ -18,6 +18,9 @@ Layout seen by the enclave (uid/gid 65534, read-only root):
   result file ``/agent/result.json``, bind-mounted read-write from the
   workspace (a mount point cannot be renamed over or unlinked);
 * ``/tmp`` - a bounded tmpfs;
+* ``/proc/stat`` (copilot only, :data:`ENGINE_WORKSPACE_FILES`) - the
+  constant :data:`PROC_STAT` from the workspace, instead of the mask every
+  other engine runs with (copilot aborts on an empty /proc/stat);
 * ``/etc/hosts`` and ``/etc/resolv.conf`` - constant files from the
   workspace (:func:`hosts_file`, :data:`RESOLV_CONF`): the proxy's alias is
   the only name, and there is no name server, so nothing depends on Docker's
@@ -65,8 +68,11 @@ from .spec import MASKED_PATHS, READONLY_PATHS, translate_host_path
 __all__ = [
     "ADAPTER_ENTRYPOINT",
     "ENCLAVE_HOSTNAME",
+    "ENGINE_BASE_PATH",
     "ENGINE_ENDPOINT_ENV",
+    "ENGINE_WORKSPACE_FILES",
     "NOFILE_LIMIT",
+    "PROC_STAT",
     "RESOLV_CONF",
     "ROLE_ENCLAVE",
     "WORKSPACE_FILES",
@@ -74,8 +80,10 @@ __all__ = [
     "EnclaveSettings",
     "enclave_name",
     "enclave_spec",
+    "engine_file_contents",
     "hosts_file",
     "network_spec",
+    "workspace_files",
 ]
 
 #: The image's fixed entrypoint (sandbox/enclave_adapter.py copied to
@@ -85,7 +93,12 @@ ADAPTER_ENTRYPOINT = ("/usr/bin/python3", "-I", "-S", "/awf/adapter.py")
 #: credential (ENGINES.md). The credential is the invocation's placeholder.
 ENGINE_ENDPOINT_ENV: Mapping[str, tuple[str, str]] = {
     "claude": ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
+    "copilot": ("COPILOT_PROVIDER_BASE_URL", "COPILOT_PROVIDER_API_KEY"),
 }
+#: Per engine, the path its base URL ends in: copilot's OpenAI client
+#: appends ``/chat/completions`` to it (the proxy's route is
+#: ``/v1/chat/completions``); claude appends ``/v1/messages`` itself.
+ENGINE_BASE_PATH: Mapping[str, str] = {"claude": "", "copilot": "/v1"}
 #: Open files per process: the engine's runtime (Bun) holds a few dozen
 #: descriptors, a shell pipeline a few more.
 NOFILE_LIMIT = 1024
@@ -110,6 +123,27 @@ WORKSPACE_FILES: Mapping[str, str] = {
     "hosts": "/etc/hosts",
     "resolv.conf": "/etc/resolv.conf",
 }
+#: Per engine, files beyond :data:`WORKSPACE_FILES` (same form). Copilot
+#: aborts (SIGABRT) when /proc/stat is masked (ENGINES.md), so it gets the
+#: constant :data:`PROC_STAT` there instead of the host's counters.
+ENGINE_WORKSPACE_FILES: Mapping[str, Mapping[str, str]] = {
+    "copilot": {"proc-stat": "/proc/stat"},
+}
+#: The enclave's constant /proc/stat (copilot only): one idle CPU, all
+#: counters zero, the same for every invocation, so it carries nothing from
+#: the host or one invocation to the next (the host's file is a channel:
+#: sandbox/spec.py masks it).
+PROC_STAT = (
+    "cpu  0 0 0 0 0 0 0 0 0 0\n"
+    "cpu0 0 0 0 0 0 0 0 0 0 0\n"
+    "intr 0\n"
+    "ctxt 0\n"
+    "btime 0\n"
+    "processes 0\n"
+    "procs_running 1\n"
+    "procs_blocked 0\n"
+    "softirq 0 0 0 0 0 0 0 0 0 0 0\n"
+)
 SEED_TARGET = "/awf/seed"
 AGENT_TARGET = "/agent"
 HOME_TARGET = "/agent/home"
@@ -265,6 +299,25 @@ def network_spec(name: str, subnet: str, labels: Mapping[str, str]) -> dict[str,
     }
 
 
+def workspace_files(engine: str) -> Mapping[str, str]:
+    """Every workspace file of an ``engine`` enclave: :data:`WORKSPACE_FILES` and its own.
+
+    The broker writes each (``proc-stat`` is :data:`PROC_STAT`) before the
+    enclave starts; :func:`enclave_spec` bind-mounts exactly these.
+    """
+    return {**WORKSPACE_FILES, **ENGINE_WORKSPACE_FILES.get(engine, {})}
+
+
+def engine_file_contents(engine: str) -> Mapping[str, bytes]:
+    """The constant bytes of ``engine``'s own workspace files (:data:`ENGINE_WORKSPACE_FILES`).
+
+    The broker writes them read-only (0444) next to the common files; they
+    are the same for every invocation.
+    """
+    contents = {"proc-stat": PROC_STAT.encode("ascii")}
+    return {name: contents[name] for name in ENGINE_WORKSPACE_FILES.get(engine, {})}
+
+
 def enclave_name(run_id: str, invocation_id: str) -> str:
     """The unique, predictable name of an invocation's enclave."""
     return f"{_NAME_PREFIX}{run_id[:16]}-{invocation_id}"
@@ -306,9 +359,12 @@ def enclave_spec(
                 target,
                 read_only=name != _RESULT_FILE,
             )
-            for name, target in WORKSPACE_FILES.items()
+            for name, target in workspace_files(settings.engine).items()
         ),
     ]
+    # A file the engine gets from the workspace is not masked as well (the
+    # mask would bind /dev/null over it).
+    replaced = set(ENGINE_WORKSPACE_FILES.get(settings.engine, {}).values())
     url_var, key_var = ENGINE_ENDPOINT_ENV[settings.engine]
     memory = settings.memory_bytes
     host_config: dict[str, Any] = {
@@ -349,7 +405,7 @@ def enclave_spec(
         ),
         "OomScoreAdj": 500,
         "RestartPolicy": {"Name": "no"},
-        "MaskedPaths": list(MASKED_PATHS),
+        "MaskedPaths": [path for path in MASKED_PATHS if path not in replaced],
         "ReadonlyPaths": list(READONLY_PATHS),
     }
     if settings.host_cpus is not None:
@@ -365,7 +421,7 @@ def enclave_spec(
             "LANG=C.UTF-8",
             f"HOME={HOME_TARGET}",
             f"TMPDIR={TMP_TARGET}",
-            f"{url_var}={settings.base_url}",
+            f"{url_var}={settings.base_url}{ENGINE_BASE_PATH[settings.engine]}",
             f"{key_var}={invocation.placeholder}",
         ],
         "Hostname": ENCLAVE_HOSTNAME,

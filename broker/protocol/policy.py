@@ -369,11 +369,14 @@ ENCLAVE_NETWORK = "awf-bounded-agent"
 ENCLAVE_API_PROXY_ALIAS = "awf-api-proxy"
 #: Engines with an enclave adapter and image so far (spec 15.2 lists
 #: copilot, claude, codex, gemini; the others fail closed until they land).
-ENCLAVE_ENGINES: tuple[str, ...] = ("claude",)
+ENCLAVE_ENGINES: tuple[str, ...] = ("claude", "copilot")
 #: The enclave image per engine (built from Debian packages and the pinned
 #: npm package, never pulled: sandbox/enclave_image/build.sh).
 ENCLAVE_IMAGES: Mapping[str, str] = MappingProxyType(
-    {"claude": "bounded-query-enclave-claude:latest"}
+    {
+        "claude": "bounded-query-enclave-claude:latest",
+        "copilot": "bounded-query-enclave-copilot:latest",
+    }
 )
 #: spec 15.2 defaults: ``pidsLimit`` 128 and ``tmpfsLimit`` "64m" (each of
 #: /tmp and /agent).

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Traces the system calls of a bounded-agent engine (Claude Code) driven by the
-# enclave adapter on the enclave image's root file system, against the scripted
-# fake provider (seccomp/recipe/README.md, "The enclave profile").
+# Traces the system calls of a bounded-agent engine (Claude Code, Copilot)
+# driven by the enclave adapter on the enclave image's root file system,
+# against the scripted fake provider of its wire protocol
+# (seccomp/recipe/README.md, "The enclave profile").
 #
 #   seccomp/recipe/trace_enclave.sh OUT_FILE [IMAGE]
+#       IMAGE: default bounded-query-enclave-claude:latest; the engine is
+#       the image's bounded-query.engine label
 #
 # Needs root, strace and a Docker engine (only to export the image's files).
 # Like trace.sh: the image's root file system is exported, a throwaway seed,
@@ -17,7 +20,18 @@ set -euo pipefail
 out=$1
 image=${2:-bounded-query-enclave-claude:latest}
 here=$(cd "$(dirname "$0")" && pwd)
-fake="$here/../../tests/fakes/anthropic_provider.py"
+engine=$(docker image inspect -f '{{ index .Config.Labels "bounded-query.engine" }}' "$image")
+case "$engine" in
+  claude)
+    fake="$here/../../tests/fakes/anthropic_provider.py"
+    endpoint=(ANTHROPIC_BASE_URL=http://127.0.0.1:18765 ANTHROPIC_API_KEY=0123456789abcdef0123456789abcdef)
+    ;;
+  copilot)
+    fake="$here/../../tests/fakes/openai_provider.py"
+    endpoint=(COPILOT_PROVIDER_BASE_URL=http://127.0.0.1:18765/v1 COPILOT_PROVIDER_API_KEY=0123456789abcdef0123456789abcdef)
+    ;;
+  *) echo "trace_enclave.sh: $image has no known engine label ('$engine')" >&2; exit 2 ;;
+esac
 command -v strace >/dev/null || { echo "trace_enclave.sh: install strace" >&2; exit 1; }
 work=$(mktemp -d)
 fake_pid=
@@ -60,10 +74,10 @@ unshare -m --propagation private bash -euc '
   mount --rbind /dev "$r/dev"
   cd "$r/awf/seed"
   env -i PATH=/opt/engine/bin:/usr/bin:/bin LANG=C.UTF-8 HOME=/agent/home TMPDIR=/tmp \
-    ANTHROPIC_BASE_URL=http://127.0.0.1:18765 ANTHROPIC_API_KEY=0123456789abcdef0123456789abcdef \
+    "${@:4}" \
     strace -f -qq -o "$1/trace" /usr/sbin/chroot --userspec=65534:65534 "$r" \
-    /usr/bin/python3 -I -S /awf/adapter.py claude claude-trace-model
-' trace "$work"
+    /usr/bin/python3 -I -S /awf/adapter.py "$2" "$3"
+' trace "$work" "$engine" "$engine-trace-model" "${endpoint[@]}"
 [ "$(cat "$work/result.json")" = true ] || { echo "trace_enclave.sh: the engine did not answer (result: $(cat "$work/result.json"))" >&2; exit 1; }
 python3 - "$work/trace" "$out" <<'PY'
 import re, sys

@@ -105,7 +105,7 @@ def _drop(key: str):
         (lambda d: d.update(enclave=[]), "config.enclave"),
         (lambda d: d.update(runtime="sbx"), "config.runtime"),
         (_set("extra", 1), "config.enclave"),
-        (_set("engine", "copilot"), "config.enclave.engine"),
+        (_set("engine", "gemini"), "config.enclave.engine"),
         (_set("engine", "codex"), "config.enclave.engine"),
         (_set("model", ""), "config.enclave.model"),
         (_set("model", "a model"), "config.enclave.model"),

@@ -33,6 +33,7 @@ from bounded_query.sandbox.enclave_spec import (
     EnclaveInvocation,
     EnclaveSettings,
     enclave_spec,
+    engine_file_contents,
     hosts_file,
     network_spec,
 )
@@ -45,6 +46,11 @@ TEST_LABEL_VALUE = "agent-enclave"
 FAKE_PORT = 8080
 MODEL = "claude-enclave-test-model"
 FAKE_SOURCE = Path(__file__).resolve().parents[1] / "fakes" / "anthropic_provider.py"
+#: The fake provider each engine talks to (the wire protocol of its route).
+FAKE_SOURCES = {
+    "claude": FAKE_SOURCE,
+    "copilot": FAKE_SOURCE.with_name("openai_provider.py"),
+}
 BASE = Path("/var/tmp")
 GIT_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -176,6 +182,8 @@ class Rig:
         (ws / "schema.json").write_text(json.dumps(schema))
         (ws / "hosts").write_text(hosts_file(settings))
         (ws / "resolv.conf").write_text(RESOLV_CONF)
+        for name, data in engine_file_contents(settings.engine).items():
+            (ws / name).write_bytes(data)
         result = ws / "result.json"
         result.write_bytes(b"")
         os.chown(result, QUERY_UID, QUERY_GID)
@@ -247,13 +255,14 @@ def _create_network(client: Any) -> tuple[str, str]:
     raise RuntimeError("no free 10.x.y.0/24 subnet for the test network")
 
 
-def start_rig(client: Any) -> Rig:
-    """Create the network and start the fake provider at the proxy's alias and address."""
+def start_rig(client: Any, engine: str = "claude") -> Rig:
+    """Create the network and start ``engine``'s fake provider at the proxy's alias and address."""
+    source = FAKE_SOURCES[engine]
     root = BASE / f"bq-enclave-test-{secrets.token_hex(6)}"
     root.mkdir(mode=0o755)
     fake_dir = root / "fake"
     fake_dir.mkdir(mode=0o755)
-    shutil.copy(FAKE_SOURCE, fake_dir / "anthropic_provider.py")
+    shutil.copy(source, fake_dir / source.name)
     script_path = fake_dir / "script.json"
     script_path.write_text(json.dumps({"command": "true", "marker": "-", "answer": "null"}))
     record_path = fake_dir / "record.jsonl"
@@ -278,7 +287,7 @@ def start_rig(client: Any) -> Rig:
         )
         fake_id = api.create_container(
             FAKE_IMAGE,
-            entrypoint=["/usr/bin/python3", "-I", "-S", "-u", "/fake/anthropic_provider.py"],
+            entrypoint=["/usr/bin/python3", "-I", "-S", "-u", f"/fake/{source.name}"],
             command=["/fake/script.json", "/fake/record.jsonl", str(FAKE_PORT)],
             user=f"{QUERY_UID}:{QUERY_GID}",
             working_dir="/fake",
@@ -303,7 +312,11 @@ def start_rig(client: Any) -> Rig:
 
 
 def run_loopback(
-    client: Any, oci_runtime: str, files: dict[str, str], script: dict[str, str]
+    client: Any,
+    oci_runtime: str,
+    files: dict[str, str],
+    script: dict[str, str],
+    engine: str = "claude",
 ) -> tuple[EnclaveRun, list[dict[str, Any]]]:
     """One enclave with the fake provider *inside* it on loopback, on ``oci_runtime``.
 
@@ -317,16 +330,19 @@ def run_loopback(
     """
     root = BASE / f"bq-enclave-test-{secrets.token_hex(6)}"
     root.mkdir(mode=0o755)
+    source = FAKE_SOURCES[engine]
     try:
         fake = root / "fake"
         fake.mkdir(mode=0o755)
-        shutil.copy(FAKE_SOURCE, fake / "anthropic_provider.py")
+        shutil.copy(source, fake / source.name)
         (fake / "script.json").write_text(json.dumps(script))
         record = fake / "record.jsonl"
         record.write_text("")
         os.chown(record, QUERY_UID, QUERY_GID)
         rig = Rig(client, root, "none", "127.0.0.1", "", fake / "script.json", record)
-        settings = rig.settings("docker", network="none", pids_limit=512)
+        settings = rig.settings(
+            "docker", network="none", pids_limit=512, engine=engine, image=ENCLAVE_IMAGES[engine]
+        )
         seed = rig.seed(files)
 
         def customize(body: dict[str, Any]) -> None:
@@ -346,7 +362,7 @@ def run_loopback(
                 {"Type": "bind", "Source": str(fake), "Target": "/fake", "ReadOnly": False}
             )
             start_fake = (
-                "python3 -I -S /fake/anthropic_provider.py /fake/script.json"
+                f"python3 -I -S /fake/{source.name} /fake/script.json"
                 f" /fake/record.jsonl {FAKE_PORT} > /tmp/fake.out &"
                 " for _ in $(seq 100); do grep -q ready /tmp/fake.out && break; sleep 0.05; done;"
                 " exec " + " ".join(body["Entrypoint"] + body["Cmd"])

@@ -136,7 +136,9 @@ def test_engine_command_line_is_fixed() -> None:
     assert argv.count("PROMPT") == 1
 
 
-@pytest.mark.parametrize(("engine", "model"), [("copilot", "m"), ("claude", ""), ("claude", "--x")])
+@pytest.mark.parametrize(
+    ("engine", "model"), [("gemini", "m"), ("claude", ""), ("claude", "--x"), ("copilot", "-x")]
+)
 def test_engine_command_line_refusals(engine: str, model: str) -> None:
     with pytest.raises(adapter.AdapterError):
         adapter.engine_argv(engine, model, "p")
@@ -174,5 +176,5 @@ def test_adapter_copies_of_policy_and_spec_values() -> None:
     assert enclave_spec.SEED_TARGET == adapter.SEED_DIR
     assert enclave_spec.ADAPTER_ENTRYPOINT[-1] == "/awf/adapter.py"
     assert set(enclave_spec.ENGINE_ENDPOINT_ENV) == set(adapter.ENGINES)
-    for url_var, key_var in enclave_spec.ENGINE_ENDPOINT_ENV.values():
-        assert {url_var, key_var} <= set(adapter._PASSED_ENV)
+    for engine, (url_var, key_var) in enclave_spec.ENGINE_ENDPOINT_ENV.items():
+        assert {url_var, key_var} <= set(adapter._ENDPOINT_ENV[engine])

@@ -21,12 +21,26 @@ def _recipe_hash() -> str:
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
-def _pinned_version() -> str:
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "copilot": "@github/copilot"}
+
+
+def _pinned_version(engine: str = "claude") -> str:
     match = re.search(
-        r"package=@anthropic-ai/claude-code\n\s+version=([0-9.]+)\n", BUILD.read_text()
+        rf"package={re.escape(PACKAGES[engine])}\n\s+version=([0-9.]+)\n", BUILD.read_text()
     )
     assert match is not None
     return match.group(1)
+
+
+@pytest.mark.parametrize("engine", policy.ENCLAVE_ENGINES)
+def test_every_enclave_engine_has_a_pinned_recipe(engine: str) -> None:
+    tools = (ROOT / ".ci" / "install-test-tools").read_text()
+    assert f'"{PACKAGES[engine]}@{_pinned_version(engine)}"' in tools
+    images = (ROOT / ".ci" / "build-images").read_text()
+    assert f"sandbox/enclave_image/build.sh {engine} {policy.ENCLAVE_IMAGES[engine]}\n" in images
+    required = (ROOT / ".ci" / "require-provisioned").read_text()
+    assert f" {policy.ENCLAVE_IMAGES[engine]}" in required
+    assert enclave_adapter.ENGINE_BINARIES[engine] == f"/opt/engine/bin/{engine}"
 
 
 def test_recipe_pins_the_engine_the_test_tools_pin() -> None:
@@ -45,17 +59,18 @@ def test_recipe_pins_the_engine_the_test_tools_pin() -> None:
 
 
 @pytest.mark.engine
-def test_image_is_current_and_labelled(docker_client) -> None:
+@pytest.mark.parametrize("engine", policy.ENCLAVE_ENGINES)
+def test_image_is_current_and_labelled(docker_client, engine: str) -> None:
     import docker.errors
 
     try:
-        image = docker_client.images.get(policy.ENCLAVE_IMAGES["claude"])
+        image = docker_client.images.get(policy.ENCLAVE_IMAGES[engine])
     except docker.errors.ImageNotFound:
-        pytest.fail("enclave image missing: run sandbox/enclave_image/build.sh claude")
+        pytest.fail(f"enclave image missing: run sandbox/enclave_image/build.sh {engine}")
     config = image.attrs["Config"]
     labels = config["Labels"]
-    assert labels["bounded-query.engine"] == "claude"
-    assert labels["bounded-query.engine-version"] == _pinned_version()
+    assert labels["bounded-query.engine"] == engine
+    assert labels["bounded-query.engine-version"] == _pinned_version(engine)
     assert labels["bounded-query.recipe"] == _recipe_hash(), "stale image: rebuild it"
     assert config["User"] == "65534:65534"
     assert tuple(config["Entrypoint"]) == enclave_spec.ADAPTER_ENTRYPOINT

@@ -31,8 +31,8 @@ def _profile() -> dict:
 def test_profile_is_regenerated_byte_for_byte(tmp_path) -> None:
     gen = _load("generate_enclave")
     out = tmp_path / "enclave.json"
-    traced = RECIPE / "traced_enclave.txt"
-    assert gen.main([str(traced), str(ROOT / "seccomp" / "query.json"), str(out)]) == 0
+    traced = ",".join(str(RECIPE / n) for n in ("traced_enclave.txt", "traced_enclave_copilot.txt"))
+    assert gen.main([traced, str(ROOT / "seccomp" / "query.json"), str(out)]) == 0
     assert out.read_bytes() == (ROOT / "seccomp" / "enclave.json").read_bytes()
 
 
@@ -51,15 +51,31 @@ def test_never_and_channel_lists_still_win() -> None:
     allowed = set(_profile()["syscalls"][0]["names"])
     assert not allowed & query_gen.NEVER
     assert not allowed & query_gen.CHANNEL_DENY
-    named = {n for rule in _profile()["syscalls"] for n in rule["names"]}
+    allowing = [r for r in _profile()["syscalls"] if r["action"] == "SCMP_ACT_ALLOW"]
+    named = {n for rule in allowing for n in rule["names"]}
     assert not named & (query_gen.CHANNEL_DENY | {"io_uring_setup", "ptrace", "mount", "bpf"})
+    assert not named & {"io_uring_enter", "io_uring_register", "capget"}
+
+
+def test_io_uring_fails_with_enosys_so_libuv_falls_back() -> None:
+    """Copilot's libuv probes io_uring (traced); "no such call" makes it use epoll."""
+    rules = [r for r in _profile()["syscalls"] if "io_uring_setup" in r["names"]]
+    assert rules == [
+        {
+            "names": ["io_uring_enter", "io_uring_register", "io_uring_setup"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": 38,
+        }
+    ]
+    traced = (RECIPE / "traced_enclave_copilot.txt").read_text().split()
+    assert "io_uring_setup" in traced
 
 
 def test_a_traced_call_nobody_explained_is_an_error() -> None:
     gen = _load("generate_enclave")
     query = json.loads((ROOT / "seccomp" / "query.json").read_text())
-    with pytest.raises(ValueError, match="io_uring_setup"):
-        gen.build(query, {"read", "io_uring_setup"})
+    with pytest.raises(ValueError, match="kcmp"):
+        gen.build(query, {"read", "kcmp"})
     # The traced names the engine survives without stay denied.
     built = gen.build(query, {"read", "sysinfo", "fadvise64"})
     assert not {"sysinfo", "fadvise64"} & set(built["syscalls"][0]["names"])

@@ -157,7 +157,7 @@ def test_nothing_request_derived_or_secret_appears_but_the_placeholder() -> None
         ("runtime", "sbx", "cannot launch"),
         ("runtime", "runc", "cannot launch"),
         ("run_id", "XYZ", "run id"),
-        ("engine", "copilot", "no enclave adapter"),
+        ("engine", "gemini", "no enclave adapter"),
         ("model", "--dangerous", "plain name"),
         ("model", "a b", "plain name"),
         ("model", "", "non-empty"),
