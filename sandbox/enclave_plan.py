@@ -43,9 +43,12 @@ from bounded_query.broker.runner import EnclaveOptions, RunnerSettings
 
 from .enclave_spec import (
     RESOLV_CONF,
-    WORKSPACE_FILES,
     EnclaveSettings,
+    engine_file_contents,
     hosts_file,
+)
+from .enclave_spec import (
+    workspace_files as enclave_workspace_files,
 )
 
 __all__ = [
@@ -115,12 +118,13 @@ class WorkspaceFile:
 
 
 def workspace_files(settings: EnclaveSettings, payload: AgentPayload) -> tuple[WorkspaceFile, ...]:
-    """Every file of :data:`~.enclave_spec.WORKSPACE_FILES`, in its order.
+    """Every workspace file of the engine's enclave (``enclave_spec.workspace_files``), in order.
 
     The task and schema are the caller's bytes verbatim, read-only for
     everyone (the enclave reads them as 65534); the result file is empty,
     0600 and the enclave's; ``hosts`` and ``resolv.conf`` are the constant
-    files of :mod:`.enclave_spec`.
+    files of :mod:`.enclave_spec`, and an engine's own files (copilot's
+    ``/proc/stat``) its constant bytes: the same for every invocation.
     """
     contents = {
         "task.txt": payload.task_bytes,
@@ -128,13 +132,15 @@ def workspace_files(settings: EnclaveSettings, payload: AgentPayload) -> tuple[W
         _RESULT_FILE: b"",
         "hosts": hosts_file(settings).encode("ascii"),
         "resolv.conf": RESOLV_CONF.encode("ascii"),
+        **engine_file_contents(settings.engine),
     }
-    assert set(contents) == set(WORKSPACE_FILES), "update workspace_files with enclave_spec"
+    names = enclave_workspace_files(settings.engine)
+    assert set(contents) == set(names), "update workspace_files with enclave_spec"
     return tuple(
         WorkspaceFile(name, contents[name], 0o600, enclave_owned=True)
         if name == _RESULT_FILE
         else WorkspaceFile(name, contents[name], 0o444)
-        for name in WORKSPACE_FILES
+        for name in names
     )
 
 
