@@ -27,7 +27,12 @@ from bounded_query.sandbox.enclave_plan import (
     workspace_files,
 )
 from bounded_query.sandbox.enclave_runner import EnclaveRunner
-from bounded_query.sandbox.enclave_spec import RESOLV_CONF, WORKSPACE_FILES, hosts_file
+from bounded_query.sandbox.enclave_spec import (
+    RESOLV_CONF,
+    WORKSPACE_FILES,
+    engine_file_contents,
+    hosts_file,
+)
 
 RUN_ID = "0123456789abcdef" * 2
 SETTINGS = RunnerSettings(
@@ -100,8 +105,8 @@ def test_options_an_enclave_cannot_have_are_refused(changes, match) -> None:
 def test_the_factory_blocks_sbx_and_engines_without_an_adapter() -> None:
     with pytest.raises(RunnerUnavailable, match="sbx"):
         create_enclave_runner(RunnerSettings("sbx", RUN_ID, "img", 10, 512 * 1024**2), OPTIONS)
-    with pytest.raises(RunnerUnavailable, match="copilot"):
-        create_enclave_runner(SETTINGS, _options(engine="copilot"))
+    with pytest.raises(RunnerUnavailable, match="gemini"):
+        create_enclave_runner(SETTINGS, _options(engine="gemini"))
     with pytest.raises(ValueError, match="unknown enclave runtime"):
         create_enclave_runner(RunnerSettings("podman", RUN_ID, "img", 10, 2**29), OPTIONS)
     assert isinstance(create_enclave_runner(SETTINGS, OPTIONS), EnclaveRunner)
@@ -112,6 +117,12 @@ def test_workspace_files_are_exactly_the_spec_files() -> None:
     payload = AgentPayload(task="Is there a ünicode README?\n", schema='{"type":"boolean"}')
     files = workspace_files(enclave, payload)
     assert [f.name for f in files] == list(WORKSPACE_FILES)
+    # copilot's enclave adds its constant /proc/stat, the same bytes every time
+    copilot = enclave_settings(SETTINGS, _options(engine="copilot"), None)
+    extra = {f.name: f for f in workspace_files(copilot, payload)}
+    assert set(extra) - set(WORKSPACE_FILES) == {"proc-stat"}
+    assert extra["proc-stat"].data == engine_file_contents("copilot")["proc-stat"]
+    assert extra["proc-stat"].mode == 0o444
     by_name = {f.name: f for f in files}
     assert by_name["task.txt"].data == "Is there a ünicode README?\n".encode()
     assert by_name["schema.json"].data == b'{"type":"boolean"}'
