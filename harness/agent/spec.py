@@ -118,7 +118,7 @@ def agent_environment(
     wrapper_dir: str,
     private_root: str,
     container: bool,
-    agents: tuple[str, str, tuple[str, ...]] | None = None,
+    agents: tuple[str, str, tuple[str, ...], str] | None = None,
 ) -> dict[str, str]:
     """The agent's environment (spec 14.8).
 
@@ -128,7 +128,9 @@ def agent_environment(
     first on PATH. In a container the host's PATH, HOME and working-directory
     variables are replaced (HOME becomes ``/tmp``, the container's writable
     scratch directory). With bounded agents on, ``agents`` is their socket,
-    SKILL.md and slugs: the three ``AWF_BOUNDED_AGENT_*`` variables (spec 15.8).
+    SKILL.md, slugs and wrapper directory: the three ``AWF_BOUNDED_AGENT_*``
+    variables (spec 15.8) and that directory first on PATH (``bounded-agent``;
+    its ``bounded-query-mcp`` serves both tools with the run's task limit).
     """
     out: dict[str, str] = {}
     for key, value in env.items():
@@ -143,10 +145,11 @@ def agent_environment(
     out[policy.ENV_SKILL] = skill_file
     out[policy.ENV_REPOS] = ",".join(slugs)
     if agents is not None:
-        agent_socket, agent_skill, agent_slugs = agents
+        agent_socket, agent_skill, agent_slugs, agent_wrapper_dir = agents
         out[policy.ENV_AGENT_SOCKET] = agent_socket
         out[policy.ENV_AGENT_SKILL] = agent_skill
         out[policy.ENV_AGENT_REPOS] = ",".join(agent_slugs)
+        wrapper_dir = f"{agent_wrapper_dir}:{wrapper_dir}"
     if container:
         out["PATH"] = f"{wrapper_dir}:{CONTAINER_PATH}"
         out["HOME"] = "/tmp"

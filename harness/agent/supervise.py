@@ -180,7 +180,12 @@ def agent_environment(
         container=container,
         agents=None
         if agents is None
-        else (str(agents[0].socket_path), str(agents[0].skill_file), agents[1]),
+        else (
+            str(agents[0].socket_path),
+            str(agents[0].skill_file),
+            agents[1],
+            str(agents[0].wrapper_dir),
+        ),
     )
 
 

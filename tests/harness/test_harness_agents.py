@@ -376,6 +376,12 @@ def test_the_agent_gets_the_three_agent_variables_and_nothing_naming_its_private
     assert out[ENV_AGENT_SOCKET] == str(agent.socket_path)
     assert out[ENV_AGENT_SKILL] == str(agent.skill_file)
     assert out[ENV_AGENT_REPOS] == "octo/alpha,octo/beta"
+    # bounded-agent first on PATH (its MCP server serves both tools), then bounded-query
+    assert out["PATH"].split(":")[:3] == [
+        str(agent.wrapper_dir),
+        str(query.wrapper_dir),
+        "/usr/bin",
+    ]
     assert "LEAK" not in out
     assert out["KEEP"] == "yes"
     without = agent_environment(env, query, config)
