@@ -12,7 +12,7 @@
 # Like trace.sh: the image's root file system is exported, a throwaway seed,
 # the task, the schema and the result file are mounted where the enclave has
 # them, /agent and /tmp are tmpfs, and strace follows the adapter (uid 65534)
-# and every child. The fake provider (tests/fakes/anthropic_provider.py)
+# and every child. The fake provider (harness/example/anthropic_provider.py)
 # listens on the host's loopback; its scripted tool call runs a shell
 # pipeline, git and python3 the way an engine's Bash tool does. OUT_FILE gets
 # the sorted, unique syscall names made after the adapter's execve.
@@ -23,7 +23,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 engine=$(docker image inspect -f '{{ index .Config.Labels "bounded-query.engine" }}' "$image")
 case "$engine" in
   claude)
-    fake="$here/../../tests/fakes/anthropic_provider.py"
+    fake="$here/../../harness/example/anthropic_provider.py"
     endpoint=(ANTHROPIC_BASE_URL=http://127.0.0.1:18765 ANTHROPIC_API_KEY=0123456789abcdef0123456789abcdef)
     ;;
   copilot)

@@ -45,7 +45,7 @@ TEST_LABEL = "bounded-query.test"
 TEST_LABEL_VALUE = "agent-enclave"
 FAKE_PORT = 8080
 MODEL = "claude-enclave-test-model"
-FAKE_SOURCE = Path(__file__).resolve().parents[1] / "fakes" / "anthropic_provider.py"
+FAKE_SOURCE = Path(__file__).resolve().parents[2] / "harness" / "example" / "anthropic_provider.py"
 #: The fake provider each engine talks to (the wire protocol of its route).
 FAKE_SOURCES = {
     "claude": FAKE_SOURCE,

@@ -6,7 +6,7 @@ Topology (as the run's lifecycle sets it up, spec 15.6):
   the bridge) with the API proxy container at ``<subnet>.2``, alias
   ``awf-api-proxy``;
 * an internal egress network where the scripted fake Anthropic provider
-  (``tests/fakes/anthropic_provider.py``) listens as ``provider:8080``; the
+  (``harness/example/anthropic_provider.py``) listens as ``provider:8080``; the
   proxy is on both, the enclave never on the egress one;
 * the proxy (image ``bounded-query-api-proxy``, or ``$BQ_APIPROXY_TEST_IMAGE``)
   holds the real credential, forwards to the fake over plain HTTP

@@ -2,7 +2,7 @@
 
 Each test runs the enclave container of ``sandbox/enclave_spec.py`` from
 ``bounded-query-enclave-claude:latest`` on an internal network of its own,
-where the fake provider (``tests/fakes/anthropic_provider.py``) sits at the
+where the fake provider (``harness/example/anthropic_provider.py``) sits at the
 API proxy's alias and address. The fake answers correctly only when the
 marker its tool call printed came back in a tool result, so a passing test
 proves the engine ran the tool inside the enclave and read the seed.

@@ -1,7 +1,11 @@
-"""A scripted fake of the Anthropic Messages API for enclave tests (standard library only).
+"""A scripted stand-in for the Anthropic Messages API (standard library only).
 
-Theory of operation: the engine under test (the real Claude Code) believes
-this is its model. The fake plays a two-turn script that proves the engine
+It is the model of the built-in demo's bounded-agent question when no real
+credential is set (``harness/scripted_provider.py`` runs it in a container)
+and of the enclave tests. Never a production upstream.
+
+Theory of operation: the engine (the real Claude Code) believes this is its
+model. The fake plays a two-turn script that proves the engine
 really read the seed through its own tool (ENGINES.md: a fake that ignores
 the request lets a test pass without the engine reading anything):
 
@@ -43,6 +47,9 @@ DEFAULT_PORT = 8080
 #: Bodies larger than this are refused (the engine's are a few hundred KiB).
 MAX_BODY_BYTES = 16 * 1024 * 1024
 NOT_FOUND = b'{"type":"error","error":{"type":"not_found_error","message":"no such route"}}'
+UNAUTHORIZED = (
+    b'{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}'
+)
 #: Size of each input_json_delta chunk of a streamed tool call.
 JSON_CHUNK = 16
 
@@ -56,6 +63,9 @@ class Script:
         self.answer = str(value["answer"])
         self.wrong_answer = str(value.get("wrong_answer", '"wrong"'))
         self.tool = str(value.get("tool", "Bash"))
+        credential = value.get("credential")
+        #: The one ``x-api-key`` accepted (None: any); others get a 401.
+        self.credential = None if credential is None else str(credential)
 
 
 def _tool_results(body: dict[str, Any]) -> list[str]:
@@ -222,7 +232,13 @@ def make_server(
                 self._record(entry)
                 self._send(404, "application/json", NOT_FOUND)
                 return
-            stop_reason, blocks = reply_for(load_script(), body)
+            script = load_script()
+            if script.credential is not None and self.headers.get("x-api-key") != script.credential:
+                entry["reply"] = "unauthorized"
+                self._record(entry)
+                self._send(401, "application/json", UNAUTHORIZED)
+                return
+            stop_reason, blocks = reply_for(script, body)
             entry["reply"] = stop_reason
             self._record(entry)
             model = str(body.get("model") or "fake")
