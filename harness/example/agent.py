@@ -119,7 +119,27 @@ def main() -> int:
         print(f"{kind:8} {charge:>6} {remaining:>5}  {question}\n{'':22}-> {answer}{note}")
     sealed = ask(SEALED, '{"type":"boolean"}', "open('/query/out', 'w').write('true')\n")
     print(f"\n{SEALED} is sealed (0 bits): a boolean question -> {sealed}")
+    if os.environ.get("AWF_BOUNDED_AGENT_SOCKET"):
+        ask_agent()
     return 0
+
+
+#: The bounded-agent question: a task for a coding agent instead of a script.
+AGENT_TASK = "Is this library at a 2.x release or later? Its version is in the VERSION file."
+
+
+def ask_agent() -> None:
+    """One bounded-agent question (spec 15), its own budget, the same envelope."""
+    skill = os.environ.get("AWF_BOUNDED_AGENT_SKILL", "")
+    print(f"\nbounded agents: skill {skill}; {REPO} has its own {BUDGET}-bit budget there")
+    done = subprocess.run(
+        ["bounded-agent", "--repo", REPO, "--schema", '{"type":"boolean"}'],
+        input=AGENT_TASK.encode(),
+        capture_output=True,
+        check=True,
+    )
+    charge = cost('{"type":"boolean"}')
+    print(f"agent    {charge:>6}        {AGENT_TASK}\n{'':22}-> {done.stdout.decode().strip()}")
 
 
 if __name__ == "__main__":

@@ -335,12 +335,21 @@ def test_demo_answers_every_kind_and_refuses_over_budget(engine, capfd):
     assert status == 0, out
     for kind in ("const", "boolean", "enum", "integer", "object", "tuple", "array", "union"):
         assert f"\n{kind:8} " in out
-    # The skill's eight copyable examples (59 bits) and one more boolean all answer.
-    assert out.count('{"status":"ok"') == 9
+    # The skill's eight copyable examples (59 bits) and one more boolean all
+    # answer, and so does the bounded-agent question.
+    assert out.count('{"status":"ok"') == 10
     assert '-> {"status":"ok","result":{"tag":"major","value":2}}' in out
     assert "<- refused: 14 bits > 5 left" in out
     assert 'a boolean question -> {"status":"error"}' in out
     assert "| `example/widgets` | internal | 64 | 64 | 9 |" in out
+    # The bounded-agent question: said plainly to go to the scripted stand-in
+    # (no ANTHROPIC_API_KEY here), answered by the real engine in its enclave.
+    assert "SCRIPTED stand-in model" in out
+    assert "Is this library at a 2.x release or later?" in out
+    assert (
+        '\n                      -> {"status":"ok","result":true}'
+        in out.split("bounded agents:")[1]
+    )
     # The example agent ran confined, in its own container (issue 8).
     log = Path(tempfile.gettempdir()) / "bounded-query-demo-events.jsonl"
     events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
