@@ -1,4 +1,4 @@
-"""The API proxy's registry-free image (spec 15.6; not yet used by ``run``).
+"""The API proxy's registry-free image (spec 15.6; built by ``.ci/build-images``, run by ``run``).
 
 Theory of operation: like the compose broker image (``compose.py``), it is
 built ``FROM`` the local query image (Debian python3, no package manager,
