@@ -655,3 +655,12 @@ __all__ += [
     "ENCLAVE_SUBNET_PREFIX",
     "LABEL_AGENT_HARNESS",
 ]
+
+# --- 14.6 the compose broker service's label ------------------------------------------------
+
+#: Label of the compose broker service a ``run --compose`` starts (value: the
+#: run id). Never :data:`LABEL_RUN`: a broker's reconcile of its own run
+#: label must not catch the broker itself.
+LABEL_HARNESS_RUN = "bounded-query.harness-run"
+
+__all__ += ["LABEL_HARNESS_RUN"]

@@ -42,7 +42,7 @@ from typing import Any
 import trio
 
 from bounded_query.broker.protocol import policy
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_HARNESS_RUN
 from bounded_query.harness.configuration.config import BoundedQueriesConfig
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.sandbox import engine
@@ -74,9 +74,6 @@ BROKER_REQUIREMENTS = ("trio", "h11", "docker", "cbor2")
 PROJECT_PACKAGES = ("broker", "sandbox", "seccomp")
 WHEEL_CACHE = Path("/var/cache/bounded-query/wheels")
 RECIPE_LABEL = "bounded-query.broker-recipe"
-#: Label on compose-managed containers (not the query label: reconcile
-#: removes query containers by run and must never catch the broker).
-HARNESS_LABEL = "bounded-query.harness-run"
 COMPOSE_TIMEOUT_S = 300
 
 
@@ -332,7 +329,7 @@ def compose_document(
                     "retries": 120,
                 },
                 "restart": "unless-stopped",
-                "labels": {HARNESS_LABEL: run_id},
+                "labels": {LABEL_HARNESS_RUN: run_id},
             },
             AGENT_SERVICE: {
                 "image": DEFAULT_IMAGE,
@@ -352,7 +349,7 @@ def compose_document(
                     policy.ENV_REPOS: ",".join(config.slugs),
                     "PATH": f"{AGENT_SKILL_DIR}/bin:/usr/bin:/bin",
                 },
-                "labels": {HARNESS_LABEL: run_id},
+                "labels": {LABEL_HARNESS_RUN: run_id},
             },
         },
     }

@@ -15,8 +15,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from bounded_query.broker.protocol.policy import LABEL_AGENT_HARNESS, LABEL_AGENT_RUN, LABEL_RUN
-from bounded_query.harness.compose.service import HARNESS_LABEL
+from bounded_query.broker.protocol.policy import (
+    LABEL_AGENT_HARNESS,
+    LABEL_AGENT_RUN,
+    LABEL_HARNESS_RUN,
+    LABEL_RUN,
+)
 from bounded_query.sandbox import engine
 from bounded_query.sandbox.reconcile import (
     RECONCILE_TIMEOUT_S,
@@ -70,7 +74,7 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
     The one label reconcile (``sandbox/reconcile.py``), as the broker runs it,
     plus the volumes a killed broker left (mounted under the private root).
     The compose broker service of a ``run --compose`` goes first: it carries
-    its own label (``compose/service.py``'s ``HARNESS_LABEL``, never the run
+    its own label (``policy.LABEL_HARNESS_RUN``, never the run
     label, so a broker's reconcile cannot catch itself), and a broker still running could
     start a query after the listing. Then the query containers and the
     agent container (``LABEL_RUN``), the enclaves (``LABEL_AGENT_RUN``) and
@@ -83,7 +87,7 @@ def reconcile_containers(docker_host: str, run_id: str) -> int:
     """
     api = engine.api_client(docker_host, RECONCILE_TIMEOUT_S)
     try:
-        removed = len(remove_labelled(api, f"{HARNESS_LABEL}={run_id}").removed)
+        removed = len(remove_labelled(api, f"{LABEL_HARNESS_RUN}={run_id}").removed)
         for label in (LABEL_RUN, LABEL_AGENT_RUN, LABEL_AGENT_HARNESS):
             removed += len(remove_labelled(api, f"{label}={run_id}").removed)
         remove_labelled_volumes(api, f"{LABEL_RUN}={run_id}")

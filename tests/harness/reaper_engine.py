@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bounded_query.broker.protocol.policy import (
+    LABEL_HARNESS_RUN,
     LABEL_INVOCATION,
     LABEL_OWNER,
     LABEL_ROLE,
     LABEL_RUN,
 )
 from bounded_query.harness.agent.spec import ROLE_AGENT
-from bounded_query.harness.compose.service import HARNESS_LABEL
 from tests.harness.bq_harness_helpers import make_repo, mounts_under, var_tmp_base, wait_gone
 
 #: The agent's uid (the workspace's owner).
@@ -119,7 +119,7 @@ def leftovers(client: Any, run: Running) -> list[str]:
     """Every resource of the run that still exists (empty: all gone)."""
     left = []
     api = client.api  # plain listings: the high-level list inspects each, racing the removal
-    for label in (LABEL_RUN, HARNESS_LABEL):
+    for label in (LABEL_RUN, LABEL_HARNESS_RUN):
         for entry in api.containers(all=True, filters={"label": f"{label}={run.run_id}"}):
             left.append(f"container {entry['Names'][0]}")
     volumes = api.volumes(filters={"label": f"{LABEL_RUN}={run.run_id}"}) or {}
@@ -233,7 +233,7 @@ def _cleanup(client: Any, harness: subprocess.Popen[bytes], run: Running | None)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     api = client.api
-    for label in (HARNESS_LABEL, LABEL_RUN):
+    for label in (LABEL_HARNESS_RUN, LABEL_RUN):
         for entry in api.containers(all=True, filters={"label": f"{label}={run.run_id}"}):
             with contextlib.suppress(Exception):
                 api.remove_container(entry["Id"], force=True, v=True)

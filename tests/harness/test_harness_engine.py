@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from bounded_query.broker.protocol.policy import LABEL_RUN
+from bounded_query.broker.protocol.policy import LABEL_HARNESS_RUN, LABEL_RUN
 from bounded_query.harness import RunOptions, run
 from bounded_query.harness.__main__ import main
-from bounded_query.harness.compose.service import HARNESS_LABEL
 from bounded_query.harness.records.events import EventSink
 from tests.harness.bq_harness_helpers import (
     GitHttpServer,
@@ -322,7 +321,7 @@ def test_compose_up_query_from_agent_service_and_down(engine, tmp_path, monkeypa
         finally:
             assert main(["compose-down", "--out", str(out)]) == 0
         assert str(base) not in Path("/proc/self/mountinfo").read_text()
-        assert leftover(engine, HARNESS_LABEL, state["runId"]) == []
+        assert leftover(engine, LABEL_HARNESS_RUN, state["runId"]) == []
         assert leftover(engine, LABEL_RUN, state["runId"]) == []
         assert list(base.iterdir()) == []
 
@@ -370,7 +369,7 @@ async def test_run_with_gvisor_or_compose_broker(engine, tmp_path, mode):
     assert answers == [ok] * 3
     run_id_events = [e for e in events if e["event"] == "preflight_passed"]
     assert run_id_events[0]["runtime"] == section.get("runtime", "docker")
-    assert engine.containers.list(all=True, filters={"label": HARNESS_LABEL}) == []
+    assert engine.containers.list(all=True, filters={"label": LABEL_HARNESS_RUN}) == []
 
 
 def test_broker_image_without_the_query_image_tells_to_run_make_images(engine, tmp_path):

@@ -19,8 +19,7 @@ import secrets
 
 import pytest
 
-from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_RUN
-from bounded_query.harness.compose.service import HARNESS_LABEL
+from bounded_query.broker.protocol.policy import DEFAULT_IMAGE, LABEL_HARNESS_RUN, LABEL_RUN
 from bounded_query.harness.lifecycle.reconcile import reconcile_containers
 from bounded_query.harness.lifecycle.sweep import SweepResult, sweep_stale_roots
 from bounded_query.harness.records.events import EventSink
@@ -68,7 +67,7 @@ def test_the_engine_reconcile_removes_only_its_run(engine):
     made = []
     try:
         for run in (mine, theirs):
-            for label in (LABEL_RUN, HARNESS_LABEL):
+            for label in (LABEL_RUN, LABEL_HARNESS_RUN):
                 container = engine.containers.create(
                     DEFAULT_IMAGE, ["sleep", "300"], labels={label: run}, network_mode="none"
                 )
@@ -77,7 +76,7 @@ def test_the_engine_reconcile_removes_only_its_run(engine):
             made.append(engine.volumes.create(f"bq-reaper-test-{run}", labels={LABEL_RUN: run}))
         # The compose broker service (its own label) and the run's container.
         assert reconcile_containers("unix:///var/run/docker.sock", mine) == 2
-        for label in (LABEL_RUN, HARNESS_LABEL):
+        for label in (LABEL_RUN, LABEL_HARNESS_RUN):
             assert engine.containers.list(all=True, filters={"label": f"{label}={mine}"}) == []
             assert (
                 len(engine.containers.list(all=True, filters={"label": f"{label}={theirs}"})) == 1

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from bounded_query.broker.protocol.policy import LABEL_HARNESS_RUN
 from bounded_query.harness import RunOptions, run
-from bounded_query.harness.compose.service import HARNESS_LABEL
 from bounded_query.harness.records.events import EventSink
 from tests.harness.bq_harness_helpers import (
     FAKE_BROKER,
@@ -205,7 +205,7 @@ async def test_full_run_passes_agent_status_and_tears_down(setup):
     # Teardown's one reconcile: a compose broker service of the run first
     # (its own label), then the run's containers, then its volumes.
     [service_label], [run_label] = listed[1], listed[2]
-    assert service_label == f"{HARNESS_LABEL}={run_label.partition('=')[2]}"
+    assert service_label == f"{LABEL_HARNESS_RUN}={run_label.partition('=')[2]}"
     assert run_label.startswith("bounded-query.run=")
     assert engine.listed_labels("volumes") == [[run_label]]
     assert engine.unexpected == []
