@@ -15,6 +15,16 @@ mid-run, so the fork happens synchronously in the thread running trio (the
 main thread under ``bounded-query-harness``; a fork plus exec takes
 milliseconds). Exit is awaited on a pidfd, so no thread is involved at all.
 
+The bounded-agent broker has no network (spec 15.6: ``network_mode: none``):
+run as root, the harness starts it in a network namespace of its own, with
+nothing in it but a loopback interface that is down. It needs none: its
+socket, the Docker socket and the API proxy's control socket are Unix
+sockets named by path, which do not belong to a network namespace. If the
+namespace cannot be made, the child exits before the broker runs (fail
+closed: the run stops at the broker's readiness). Without root there is no
+namespace (a user namespace would change the broker's uid); the query
+broker, which may be told a ``tcp://`` Docker host, keeps the harness's.
+
 The child's stderr is a pipe (unless ``--broker-log`` names a file): the
 harness relays each line as a versioned record (``broker_log.py``,
 :meth:`ChildBroker.relay_log`) for the broker's whole life; :meth:`stop`
@@ -34,6 +44,7 @@ from typing import Any
 
 import trio
 
+from bounded_query.broker.protocol.policy import SUBSYSTEM_AGENT
 from bounded_query.harness.lifecycle.broker_log import relay_broker_log
 from bounded_query.harness.lifecycle.paths import RunPaths
 from bounded_query.harness.records.events import EventSink
@@ -136,11 +147,17 @@ class ChildBroker:
 
 
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
+#: The child's exit status when its network namespace could not be made.
+NO_NETWORK_NAMESPACE = 126
 
 
-def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
+def _parent_death_signal(
+    libc: ctypes.CDLL, parent: int, *, own_network: bool = False
+) -> Callable[[], None]:
     """A ``preexec_fn``: SIGTERM this child when the thread that forked it dies,
-    and pin it to the agent/broker CPUs.
+    pin it to the agent/broker CPUs and, with ``own_network``, give it a network
+    namespace of its own (or exit with :data:`NO_NETWORK_NAMESPACE`).
 
     If the parent died between fork and prctl, the signal would never come:
     then the child terminates itself at once.
@@ -149,6 +166,8 @@ def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
     cpus = agent_cpu_set(os.cpu_count() or 1)
 
     def preexec() -> None:
+        if own_network and libc.unshare(_CLONE_NEWNET) != 0:
+            os._exit(NO_NETWORK_NAMESPACE)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -160,9 +179,10 @@ def _parent_death_signal(libc: ctypes.CDLL, parent: int) -> Callable[[], None]:
 
 
 def _spawn_broker(
-    argv: Sequence[str], env: Mapping[str, str], stderr: int | None
+    argv: Sequence[str], env: Mapping[str, str], stderr: int | None, *, own_network: bool = False
 ) -> subprocess.Popen[bytes]:
-    """Fork and exec the broker *in the calling thread*.
+    """Fork and exec the broker *in the calling thread*, in a network namespace
+    of its own with ``own_network``.
 
     See the module docstring for why it must not be a worker thread.
     """
@@ -174,7 +194,7 @@ def _spawn_broker(
         stderr=stderr,
         start_new_session=True,
         cwd="/",
-        preexec_fn=_parent_death_signal(libc, os.getpid()),
+        preexec_fn=_parent_death_signal(libc, os.getpid(), own_network=own_network),
     )
 
 
@@ -198,6 +218,7 @@ async def start_child_broker(
             [*options.broker_command, "--config", str(paths.broker_config)],
             broker_environment(env),
             stderr,
+            own_network=subsystem == SUBSYSTEM_AGENT and os.geteuid() == 0,
         )
     except BaseException:
         if log_fd is not None:

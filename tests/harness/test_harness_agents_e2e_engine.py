@@ -62,7 +62,20 @@ answers = [
         "import os\nopen('/query/out','w')"
         ".write('true' if os.path.exists('/query/repo/notes') else 'false')\n"),
 ]
-json.dump(answers, open(out, "w"))
+import os
+brokers = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        netns = os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        continue
+    if b"--config" in argv and any(b"broker" in a for a in argv[:3]):
+        config = argv[argv.index(b"--config") + 1].decode()
+        kind = "agent" if "awf-bounded-agent-private" in config else "query"
+        brokers[kind] = netns
+json.dump({"answers": answers, "brokers": brokers, "own": os.readlink("/proc/self/ns/net")},
+          open(out, "w"))
 """
 
 
@@ -142,7 +155,12 @@ async def test_a_bounded_agent_answers_from_the_seed_through_the_proxy(engine, t
         assert os.listdir(base) == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert status == 0, [e for e in events if "fail" in e["event"] or "error" in e["event"]]
-    answers = json.loads(report.read_text())
+    seen = json.loads(report.read_text())
+    answers = seen["answers"]
+    # spec 15.6: the agent broker has no network (a namespace of its own);
+    # the query broker shares the harness's (it may be given a tcp:// engine).
+    assert seen["brokers"]["agent"] != seen["own"], seen
+    assert seen["brokers"]["query"] == seen["own"], seen
     for answer in answers:
         assert (answer["rc"], answer["stderr"]) == (0, ""), answer
     agent_first, agent_second, query = (a["stdout"] for a in answers)
@@ -191,6 +209,6 @@ async def test_a_non_conforming_final_answer_is_the_canonical_error(engine, tmp_
         status = await run(options, EventSink(stream), env)
         assert any(MARKER in t for r in provider.requests() for t in r["tool_results"])
     assert status == 0
-    answers = [a["stdout"] for a in json.loads(report.read_text())]
+    answers = [a["stdout"] for a in json.loads(report.read_text())["answers"]]
     assert answers[:2] == ['{"status":"error"}\n'] * 2
     assert answers[2] == '{"status":"ok","result":true}\n'
