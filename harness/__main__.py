@@ -67,6 +67,24 @@ def _cmd_validate(args: argparse.Namespace, sink: EventSink) -> int:
         "maxInvocations": config.max_invocations,
         "warnings": list(loaded.warnings),
     }
+    agents = loaded.agents
+    if agents.enabled:
+        summary["boundedAgents"] = {
+            "enabled": True,
+            "privateRepos": [
+                {"repo": r.repo, "sensitivity": r.sensitivity, "budgetBits": r.budget}
+                for r in agents.private_repos
+            ],
+            "runtime": agents.runtime,
+            "engine": agents.engine,
+            "model": agents.model,
+            "timeout": agents.timeout,
+            "maxInvocations": agents.max_invocations,
+            "maxModelRequests": agents.max_model_requests,
+            "maxModelTokens": agents.max_model_tokens,
+            # where the proxy sends the model calls (never a credential)
+            "target": None if agents.target is None else agents.target.url,
+        }
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     return 0
 
@@ -326,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Host-side harness for AWF bounded queries (spec section 14).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    validate = sub.add_parser("validate", help="validate the boundedQueries section only")
+    validate = sub.add_parser(
+        "validate", help="validate the boundedQueries and boundedAgents sections only"
+    )
     validate.add_argument("--config", required=True, help="configuration file, or - for stdin")
     validate.set_defaults(handler=_cmd_validate)
 

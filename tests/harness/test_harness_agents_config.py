@@ -642,3 +642,26 @@ def test_any_document_gives_problems_or_a_config_never_an_exception(section, tar
         assert config.target is not None
         assert config.tmpfs_bytes <= config.memory_bytes
         assert config.nano_cpus >= policy.MIN_AGENT_NANO_CPUS
+
+
+def test_validate_prints_the_bounded_agents_summary_without_secrets(tmp_path, capsys):
+    path = tmp_path / "agents.json"
+    path.write_text(
+        json.dumps(
+            {
+                "boundedAgents": {
+                    "enabled": True,
+                    "privateRepos": [{"repo": "o/r", "sensitivity": "internal"}],
+                    "engine": "claude",
+                    "model": "claude-haiku-4-5",
+                },
+                "apiProxy": {"targets": {"anthropic": {"host": "gw.example:8443"}}},
+            }
+        )
+    )
+    assert main(["validate", "--config", str(path)]) == 0
+    summary = json.loads(capsys.readouterr().out)["boundedAgents"]
+    assert summary["privateRepos"] == [{"repo": "o/r", "sensitivity": "internal", "budgetBits": 64}]
+    assert (summary["engine"], summary["model"]) == ("claude", "claude-haiku-4-5")
+    assert summary["target"] == "https://gw.example:8443"
+    assert (summary["maxModelRequests"], summary["maxModelTokens"]) == (8, 1024)
