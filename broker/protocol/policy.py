@@ -577,7 +577,9 @@ COPILOT_BYOK_TYPES: tuple[str, ...] = ("openai",)
 #: The pinned engine version of each enclave image (the image's
 #: ``bounded-query.engine-version`` label; sandbox/enclave_image/build.sh
 #: pins the same, tests/protocol/test_policy.py ties the two).
-ENCLAVE_ENGINE_VERSIONS: Mapping[str, str] = MappingProxyType({"claude": "2.1.328"})
+ENCLAVE_ENGINE_VERSIONS: Mapping[str, str] = MappingProxyType(
+    {"claude": "2.1.328", "copilot": "1.0.102"}
+)
 #: The enclave images' labels (written by sandbox/enclave_image/build.sh).
 LABEL_IMAGE_RECIPE = "bounded-query.recipe"
 LABEL_IMAGE_ENGINE = "bounded-query.engine"

@@ -49,7 +49,7 @@ FAKE_SOURCE = Path(__file__).resolve().parents[2] / "harness" / "example" / "ant
 #: The fake provider each engine talks to (the wire protocol of its route).
 FAKE_SOURCES = {
     "claude": FAKE_SOURCE,
-    "copilot": FAKE_SOURCE.with_name("openai_provider.py"),
+    "copilot": Path(__file__).resolve().parents[1] / "fakes" / "openai_provider.py",
 }
 BASE = Path("/var/tmp")
 GIT_ENV = {
