@@ -70,10 +70,12 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         netns = os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
         continue
-    if b"--config" in argv and any(b"broker" in a for a in argv[:3]):
-        config = argv[argv.index(b"--config") + 1].decode()
-        kind = "agent" if "awf-bounded-agent-private" in config else "query"
-        brokers[kind] = netns
+    if b"--config" not in argv:
+        continue
+    config = argv[argv.index(b"--config") + 1].decode()
+    for kind in ("agent", "query"):
+        if f"/awf-bounded-{kind}-private-" in config:
+            brokers[kind] = netns
 json.dump({"answers": answers, "brokers": brokers, "own": os.readlink("/proc/self/ns/net")},
           open(out, "w"))
 """
