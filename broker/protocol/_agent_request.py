@@ -39,7 +39,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._errors import RequestError
-from ._request import is_valid_slug, schema_from_header, schema_from_object
+from ._request import (
+    is_valid_slug,
+    repo_from_header,
+    schema_from_header,
+    schema_from_object,
+    text_body,
+)
 from ._schema import Schema
 from .policy import AGENT_FORBIDDEN_CONTROLS, AGENT_PROTOCOL_VERSION, ENCLAVE_MAX_TASK_BYTES
 
@@ -127,22 +133,8 @@ def parse_agent_frame(
             raise RequestError(f"headers: missing {required.decode('ascii')}")
     if found[_H_VERSION] != _VERSION_VALUE:
         raise RequestError(f"x-awf-agent-version: must be {AGENT_PROTOCOL_VERSION}")
-    try:
-        repo = found[_H_REPO].decode("ascii")
-    except UnicodeDecodeError:
-        raise RequestError("x-awf-repo: not an owner/repo slug") from None
-    if not is_valid_slug(repo):
-        raise RequestError("x-awf-repo: not an owner/repo slug")
-    if not isinstance(body, bytes):
-        raise RequestError("body: must be bytes")
-    if not body:
-        raise RequestError("body: task must not be empty")
-    if len(body) > max_task_bytes:
-        raise RequestError(f"body: task larger than {max_task_bytes} bytes")
-    try:
-        task = body.decode("utf-8", "strict")
-    except UnicodeDecodeError:
-        raise RequestError("body: task is not valid UTF-8") from None
+    repo = repo_from_header(found[_H_REPO])
+    task = text_body(body, "task", max_task_bytes)
     raw_schema, schema = schema_from_header(found[_H_SCHEMA])
     # The strict parser accepted the bytes, so they are UTF-8.
     return AgentRequest(repo, schema, task, raw_schema.decode("utf-8"))

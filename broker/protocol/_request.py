@@ -207,24 +207,44 @@ def parse_frame(headers: list[tuple[bytes, bytes]], body: bytes) -> Request:
             raise RequestError(f"headers: missing {required.decode('ascii')}")
     if found[_H_VERSION] != _VERSION_VALUE:
         raise RequestError("x-awf-query-version: must be 2")
+    repo = repo_from_header(found[_H_REPO])
+    script = text_body(body, "script", MAX_SCRIPT_BYTES)
+    _raw, schema = schema_from_header(found[_H_SCHEMA])
+    return Request(repo, schema, script)
+
+
+def repo_from_header(value: bytes) -> str:
+    """The ``X-AWF-Repo`` value as a slug (both frames).
+
+    Raises:
+        RequestError: not an ASCII owner/repo slug.
+    """
     try:
-        repo = found[_H_REPO].decode("ascii")
+        repo = value.decode("ascii")
     except UnicodeDecodeError:
         raise RequestError("x-awf-repo: not an owner/repo slug") from None
     if not is_valid_slug(repo):
         raise RequestError("x-awf-repo: not an owner/repo slug")
+    return repo
+
+
+def text_body(body: object, noun: str, limit: int) -> str:
+    """A frame's body as text: bytes, non-empty, at most ``limit``, strict UTF-8
+    (both frames; ``noun`` names it in the error: ``script``, ``task``).
+
+    Raises:
+        RequestError: anything else.
+    """
     if not isinstance(body, bytes):
         raise RequestError("body: must be bytes")
     if not body:
-        raise RequestError("body: script must not be empty")
-    if len(body) > MAX_SCRIPT_BYTES:
-        raise RequestError(f"body: script larger than {MAX_SCRIPT_BYTES} bytes")
+        raise RequestError(f"body: {noun} must not be empty")
+    if len(body) > limit:
+        raise RequestError(f"body: {noun} larger than {limit} bytes")
     try:
-        script = body.decode("utf-8", "strict")
+        return body.decode("utf-8", "strict")
     except UnicodeDecodeError:
-        raise RequestError("body: script is not valid UTF-8") from None
-    _raw, schema = schema_from_header(found[_H_SCHEMA])
-    return Request(repo, schema, script)
+        raise RequestError(f"body: {noun} is not valid UTF-8") from None
 
 
 def schema_from_header(value: bytes) -> tuple[bytes, Schema]:
