@@ -24,6 +24,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,20 +127,16 @@ def _agent_objects(client) -> set[str]:
     return found
 
 
-async def test_a_bounded_agent_answers_from_the_seed_through_the_proxy(engine, tmp_path):
+async def _run_with_stand_in(
+    tmp_path: Path, files: dict[str, str], script: ProviderScript
+) -> tuple[int, list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """One harness run whose model is the stand-in playing ``script``: the exit
+    status, the events, what the agent saw and the requests the stand-in got."""
     source = tmp_path / "src"
-    make_repo(source, {"README.md": "hello\n", "notes/marker.txt": MARKER + "\n"})
-    script = ProviderScript(
-        command="cat notes/marker.txt",
-        marker=MARKER,
-        answer="```json\ntrue\n```",
-        wrong_answer='"maybe"',
-        credential=CREDENTIAL,
-    )
+    make_repo(source, files)
     report = tmp_path / "answers.json"
     (tmp_path / "agent.py").write_text(AGENT)
     stream = io.StringIO()
-    before = _agent_objects(engine)
     with scripted_provider(DOCKER_HOST, script) as provider, var_tmp_base() as base:
         options = RunOptions(
             config_source=str(_config(tmp_path, provider.target)),
@@ -153,11 +150,25 @@ async def test_a_bounded_agent_answers_from_the_seed_through_the_proxy(engine, t
         )
         env = {"PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": CREDENTIAL}
         status = await run(options, EventSink(stream), env)
-        first_requests = provider.requests()
+        requests = provider.requests()
         assert os.listdir(base) == []
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert CREDENTIAL not in stream.getvalue()  # nowhere in the operator's records
+    return status, events, json.loads(report.read_text()), requests
+
+
+async def test_a_bounded_agent_answers_from_the_seed_through_the_proxy(engine, tmp_path):
+    script = ProviderScript(
+        command="cat notes/marker.txt",
+        marker=MARKER,
+        answer="```json\ntrue\n```",
+        wrong_answer='"maybe"',
+        credential=CREDENTIAL,
+    )
+    before = _agent_objects(engine)
+    files = {"README.md": "hello\n", "notes/marker.txt": MARKER + "\n"}
+    status, events, seen, first_requests = await _run_with_stand_in(tmp_path, files, script)
     assert status == 0, [e for e in events if "fail" in e["event"] or "error" in e["event"]]
-    seen = json.loads(report.read_text())
     answers = seen["answers"]
     # spec 15.6: the agent broker has no network (a namespace of its own);
     # the query broker shares the harness's (it may be given a tcp:// engine).
@@ -181,36 +192,18 @@ async def test_a_bounded_agent_answers_from_the_seed_through_the_proxy(engine, t
         assert request["model"] == "claude-haiku-4-5"
     assert any(MARKER in result for r in messages for result in r["tool_results"])
     assert not [r for r in first_requests if r.get("reply") == "unauthorized"]
-    # The credential is nowhere in the operator's records.
-    assert CREDENTIAL not in stream.getvalue()
     assert _agent_objects(engine) - before == set()
 
 
 async def test_a_non_conforming_final_answer_is_the_canonical_error(engine, tmp_path):
-    source = tmp_path / "src"
-    make_repo(source, {"notes/marker.txt": MARKER + "\n"})
     # The engine reads the seed, the model then answers "maybe" for a boolean.
     script = ProviderScript(
         command="cat notes/marker.txt", marker=MARKER, answer='"maybe"', credential=CREDENTIAL
     )
-    report = tmp_path / "answers.json"
-    (tmp_path / "agent.py").write_text(AGENT)
-    stream = io.StringIO()
-    with scripted_provider(DOCKER_HOST, script) as provider, var_tmp_base() as base:
-        options = RunOptions(
-            config_source=str(_config(tmp_path, provider.target)),
-            agent=(sys.executable, str(tmp_path / "agent.py"), str(report)),
-            seed_sources={"octo/alpha": source},
-            workspace=tmp_path,
-            base=base,
-            allow_insecure_api_target=True,
-            api_proxy_egress_network=provider.network,
-            **HOST_AGENT,
-        )
-        env = {"PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": CREDENTIAL}
-        status = await run(options, EventSink(stream), env)
-        assert any(MARKER in t for r in provider.requests() for t in r["tool_results"])
+    files = {"notes/marker.txt": MARKER + "\n"}
+    status, _events, seen, requests = await _run_with_stand_in(tmp_path, files, script)
+    assert any(MARKER in t for r in requests for t in r["tool_results"])
     assert status == 0
-    answers = [a["stdout"] for a in json.loads(report.read_text())["answers"]]
+    answers = [a["stdout"] for a in seen["answers"]]
     assert answers[:2] == ['{"status":"error"}\n'] * 2
     assert answers[2] == '{"status":"ok","result":true}\n'
